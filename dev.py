@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The two quick-start commands (README): ``python3 dev.py demo`` and ``python3 dev.py test``.
+
+Needs only Python 3.11+. Each creates or reuses ``.venv``, installs the project when its
+dependencies changed, then runs. ``test`` points the suite at the local PostgreSQL and Redis
+unless ``DATABASE_URL`` / ``REDIS_URL`` are set, then runs a smoke set on embedded SQLite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PY = VENV / "bin" / "python"
+STAMP = VENV / ".gpufleet-installed"
+
+LOCAL_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gpufleet"
+LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def say(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+def run(*args: str | Path, env: dict[str, str] | None = None) -> None:
+    result = subprocess.run([str(a) for a in args], cwd=ROOT, env=env)
+    if result.returncode != 0:
+        sys.exit(result.returncode)
+
+
+def ensure_venv(extras: str) -> None:
+    if sys.version_info < (3, 11):
+        sys.exit("Python 3.11 or newer is needed")
+    if not PY.exists():
+        say(f"creating {VENV}")
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == digest:
+        return
+    say(f"installing the project and its {extras or 'runtime'} dependencies")
+    run(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    run(PY, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]" if extras else ".")
+    STAMP.write_text(digest)
+
+
+def ensure_chromium() -> None:
+    """Browser tests use Debian's Chromium; install it when we can (root with apt-get)."""
+    if shutil.which("chromium"):
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        say("installing Debian's chromium for the browser tests")
+        run("apt-get", "update", "-qq")
+        run("apt-get", "install", "-y", "-qq", "chromium", "fonts-dejavu-core")
+
+
+def cmd_demo(args: list[str]) -> None:
+    ensure_venv("")
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    run(PY, "manage.py", "demo", *args, env=env)
+
+
+def cmd_test(args: list[str]) -> None:
+    ensure_venv("dev")
+    ensure_chromium()
+    env = dict(os.environ)
+    env.setdefault("DATABASE_URL", LOCAL_DATABASE_URL)
+    env.setdefault("REDIS_URL", LOCAL_REDIS_URL)
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    bin_dir = VENV / "bin"
+    if not args:
+        say("ruff")
+        run(bin_dir / "ruff", "check", ".")
+        run(bin_dir / "ruff", "format", "--check", ".")
+        say("mypy")
+        run(bin_dir / "mypy", ".", env=env)
+        say("manage.py check / makemigrations --check")
+        run(PY, "manage.py", "check", "--fail-level", "WARNING", env=env)
+        run(PY, "manage.py", "makemigrations", "--check", "--dry-run", env=env)
+    say(f"pytest on PostgreSQL and Redis ({env['DATABASE_URL'].rsplit('@', 1)[-1]})")
+    run(PY, "-m", "pytest", *(args or ["-q"]), env=env)
+    if not args:
+        say("smoke set on the embedded SQLite default")
+        smoke = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
+        smoke["GPUFLEET_VAR_DIR"] = str(ROOT / "var" / "smoke")
+        run(PY, "-m", "pytest", "-q", "-m", "smoke", env=smoke)
+
+
+def main() -> None:
+    commands = {"demo": cmd_demo, "test": cmd_test}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        sys.exit("usage: python3 dev.py demo [--fresh] | test [pytest args]")
+    commands[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Bearer-token authentication for node agents and for people using the finance API."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.request import Request
+
+from fleet.models import ApiToken, Node, NodeToken
+from fleet.tokens import API_KIND, NODE_KIND, token_matches, token_prefix
+
+# Writing last_used on every request would make every ingest a second write; a minute's
+# resolution is what an operator needs to see a token is alive.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def _bearer(request: Request) -> str | None:
+    parts = get_authorization_header(request).split()
+    if not parts or parts[0].lower() != b"bearer":
+        return None
+    if len(parts) != 2:
+        raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'")
+    try:
+        return parts[1].decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise exceptions.AuthenticationFailed("invalid token") from exc
+
+
+def _touch(token: NodeToken | ApiToken) -> None:
+    now = timezone.now()
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        type(token).objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+
+
+class NodePrincipal:
+    """What ``request.user`` is for a node agent: no person, no roles, only its node."""
+
+    is_authenticated = True
+    is_anonymous = False
+    is_staff = False
+    is_superuser = False
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.pk = None
+
+    def has_perm(self, perm: str, obj: Any = None) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return f"node:{self.node.hostname}"
+
+
+class NodeTokenAuthentication(BaseAuthentication):
+    def authenticate(self, request: Request) -> tuple[NodePrincipal, NodeToken] | None:
+        raw = _bearer(request)
+        if raw is None:
+            return None
+        prefix = token_prefix(raw)
+        if prefix is None or not prefix.startswith(NODE_KIND + "_"):
+            raise exceptions.AuthenticationFailed("invalid node token")
+        token = (
+            NodeToken.objects.select_related("node", "node__pool")
+            .filter(prefix=prefix, revoked_at__isnull=True)
+            .first()
+        )
+        if token is None or not token_matches(raw, token.token_hash):
+            raise exceptions.AuthenticationFailed("invalid or revoked node token")
+        _touch(token)
+        return NodePrincipal(token.node), token
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="ingest"'
+
+
+class ApiTokenAuthentication(BaseAuthentication):
+    def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
+        raw = _bearer(request)
+        if raw is None:
+            return None
+        prefix = token_prefix(raw)
+        if prefix is None or not prefix.startswith(API_KIND + "_"):
+            raise exceptions.AuthenticationFailed("invalid API token")
+        token = (
+            ApiToken.objects.select_related("user")
+            .filter(prefix=prefix, revoked_at__isnull=True)
+            .first()
+        )
+        if token is None or not token_matches(raw, token.token_hash):
+            raise exceptions.AuthenticationFailed("invalid or revoked API token")
+        if token.expires_at and token.expires_at <= timezone.now():
+            raise exceptions.AuthenticationFailed("API token expired")
+        if not token.user.is_active:
+            raise exceptions.AuthenticationFailed("user inactive")
+        _touch(token)
+        return token.user, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="api"'

@@ -1,0 +1,201 @@
+"""Fleet inventory: where GPUs are, who owns their time, and the tokens that speak for them.
+
+Fleet knows neither samples nor money beyond a site's tariff (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+
+class FleetSettings(models.Model):
+    """The one row of fleet-wide settings that a fleet file sets (pk is always 1)."""
+
+    currency = models.CharField(max_length=3, default="USD")
+    report_time_zone = models.CharField(max_length=64, default="UTC")
+    active_util_pct = models.FloatField(
+        default=5.0, validators=[MinValueValidator(0), MaxValueValidator(100)]
+    )
+    target_utilization = models.FloatField(
+        default=0.6, validators=[MinValueValidator(0.01), MaxValueValidator(1)]
+    )
+
+    class Meta:
+        verbose_name_plural = "fleet settings"
+        permissions = [
+            ("view_dashboard", "Can view the dashboard (utilisation, inventory)"),
+            ("view_costs", "Can view money: costs, break-even, finance API"),
+            ("manage_fleet", "Can change the fleet and preview reports"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Fleet settings ({self.currency}, {self.report_time_zone})"
+
+    @classmethod
+    def load(cls) -> FleetSettings:
+        obj, _ = cls.objects.get_or_create(pk=1)
+        return obj
+
+
+class Site(models.Model):
+    """A data centre or cloud region: its power overhead, tariff and grid carbon intensity."""
+
+    name = models.CharField(max_length=100, unique=True)
+    pue = models.DecimalField(
+        max_digits=5, decimal_places=3, default=Decimal("1.0"), validators=[MinValueValidator(1)]
+    )
+    price_per_kwh = models.DecimalField(
+        max_digits=10, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)]
+    )
+    grid_g_per_kwh = models.FloatField(default=0.0, validators=[MinValueValidator(0)])
+    time_zone = models.CharField(max_length=64, default="UTC")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Team(models.Model):
+    """A team that GPU time is charged back to."""
+
+    name = models.CharField(max_length=100, unique=True)
+    cost_center = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Pool(models.Model):
+    """A group of nodes used for one purpose (training, inference…), at one site, for a team."""
+
+    name = models.CharField(max_length=100, unique=True)
+    site = models.ForeignKey(Site, null=True, blank=True, on_delete=models.PROTECT)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GpuModel(models.Model):
+    """A GPU product (H100 SXM, L40S…) with its nominal idle and maximum power."""
+
+    key = models.CharField(max_length=40, unique=True)
+    name = models.CharField(max_length=100)
+    max_power_w = models.FloatField()
+    idle_power_w = models.FloatField()
+    memory_gib = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    """A GPU server running one agent; its token decides who it is."""
+
+    hostname = models.CharField(max_length=255, unique=True)
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.SET_NULL)
+    site = models.ForeignKey(
+        Site, null=True, blank=True, on_delete=models.PROTECT, help_text="Overrides the pool's"
+    )
+    reported_hostname = models.CharField(max_length=255, blank=True)
+    agent_version = models.CharField(max_length=50, blank=True)
+    driver_version = models.CharField(max_length=50, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["hostname"]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+    @property
+    def effective_site(self) -> Site | None:
+        if self.site_id:
+            return self.site
+        return self.pool.site if self.pool_id and self.pool else None
+
+
+class Gpu(models.Model):
+    """One physical GPU (or MIG-less device), identified by its NVML UUID."""
+
+    uuid = models.CharField(max_length=100, unique=True)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpus")
+    index = models.PositiveSmallIntegerField(null=True, blank=True)
+    name = models.CharField(max_length=100, blank=True)
+    serial = models.CharField(max_length=100, blank=True)
+    model = models.ForeignKey(GpuModel, null=True, blank=True, on_delete=models.SET_NULL)
+    memory_total_bytes = models.BigIntegerField(null=True, blank=True)
+    power_limit_w = models.FloatField(null=True, blank=True)
+    team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.SET_NULL, help_text="Overrides the pool's"
+    )
+    in_service_at = models.DateTimeField(null=True, blank=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+    first_seen_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    lost_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the agent last reported it lost (off the bus)"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["node__hostname", "index", "uuid"]
+
+    def __str__(self) -> str:
+        return f"{self.node.hostname}#{self.index} {self.uuid}"
+
+    @property
+    def service_start(self):  # type: ignore[no-untyped-def]
+        """Start of capacity and depreciation: in-service date, else the first sample."""
+        return self.in_service_at or self.first_seen_at
+
+
+class _Token(models.Model):
+    """A bearer token: only a prefix (to find it) and a hash (to check it) are stored."""
+
+    prefix = models.CharField(max_length=16, unique=True)
+    token_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class NodeToken(_Token):
+    """A token an agent uses to push samples for one node."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="tokens")
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.node.hostname})"
+
+
+class ApiToken(_Token):
+    """A person's token for the finance API; its rights are the user's role."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"

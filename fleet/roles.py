@@ -1,0 +1,36 @@
+"""The three roles and what each may do; groups are kept in step on every migrate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    "viewer": ("view_dashboard",),
+    "finance": ("view_dashboard", "view_costs"),
+    "admin": ("view_dashboard", "view_costs", "manage_fleet"),
+}
+ROLES = tuple(ROLE_PERMISSIONS)
+
+
+def roles_sync(**_: Any) -> None:
+    """Create the role groups and give them exactly their permissions (idempotent)."""
+    from django.contrib.auth.models import Group, Permission
+
+    for role, codenames in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role)
+        perms = Permission.objects.filter(content_type__app_label="fleet", codename__in=codenames)
+        group.permissions.set(perms)
+
+
+def role_assign(*, user: Any, role: str) -> None:
+    """Put a user in exactly one role group; admins also get the Django admin site."""
+    from django.contrib.auth.models import Group
+
+    if role not in ROLE_PERMISSIONS:
+        raise ValueError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
+    roles_sync()
+    user.groups.remove(*Group.objects.filter(name__in=ROLES))
+    user.groups.add(Group.objects.get(name=role))
+    user.is_staff = role == "admin"
+    user.is_superuser = role == "admin"
+    user.save(update_fields=["is_staff", "is_superuser"])

@@ -1,0 +1,101 @@
+"""Raw interval samples as agents send them, and their hourly rollups."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from fleet.models import Gpu, Node, Pool, Site, Team
+
+
+class Sample(models.Model):
+    """What one agent reported for one GPU over ``[start, start + seconds)`` (DESIGN.md §4).
+
+    Keyed by ``(gpu, start)`` so a replayed sample changes nothing. On PostgreSQL the table is
+    range-partitioned by ``start`` (see the telemetry migrations); values are stored as sent,
+    and every fallback (energy from power, held from memory) is applied by the rollup.
+    """
+
+    pk = models.CompositePrimaryKey("gpu_id", "start")
+    # No database FK: ingest has checked the GPU, and a constraint check per row would cost
+    # COPY a third of its speed on the hottest table.
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
+    start = models.DateTimeField()
+    seconds = models.PositiveSmallIntegerField()
+    util_pct = models.FloatField()
+    mem_util_pct = models.FloatField(null=True)
+    mem_used_bytes = models.BigIntegerField(null=True)
+    procs = models.SmallIntegerField(null=True)
+    power_w = models.FloatField(null=True)
+    energy_j = models.FloatField(null=True)
+    temp_c = models.FloatField(null=True)
+    sm_clock_mhz = models.FloatField(null=True)
+    throttle_power_cap_s = models.FloatField(null=True)
+    throttle_thermal_s = models.FloatField(null=True)
+    throttle_hw_slowdown_s = models.FloatField(null=True)
+    throttle_other_s = models.FloatField(null=True)
+    throttle_any_s = models.FloatField(null=True)
+    active_s = models.FloatField(null=True)
+    sm_active = models.FloatField(null=True)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["start"], name="telemetry_sample_start")]
+
+
+class HourlyUsage(models.Model):
+    """One GPU over one UTC hour: the sums every figure of DESIGN.md §3 is built from.
+
+    ``node``/``pool``/``team``/``site`` are the GPU's attribution as it was in that hour, so
+    chargeback history does not move when the GPU does. Seconds, not hours, so sums stay exact.
+    """
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
+    hour = models.DateTimeField()
+    node = models.ForeignKey(
+        Node, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    pool = models.ForeignKey(
+        Pool, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    team = models.ForeignKey(
+        Team, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    site = models.ForeignKey(
+        Site, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    samples = models.IntegerField(default=0)
+    observed_s = models.FloatField(default=0)
+    air_s = models.FloatField(default=0)
+    held_s = models.FloatField(default=0)
+    parked_s = models.FloatField(default=0)
+    energy_j = models.FloatField(default=0)
+    idle_energy_j = models.FloatField(default=0, help_text="Energy of samples below the active threshold")
+    idle_s = models.FloatField(default=0, help_text="Seconds of samples below the active threshold")
+    power_w_mean = models.FloatField(null=True)
+    power_w_max = models.FloatField(null=True)
+    temp_c_max = models.FloatField(null=True)
+    util_pct_mean = models.FloatField(null=True)
+    mem_util_pct_mean = models.FloatField(null=True)
+    throttle_power_cap_s = models.FloatField(default=0)
+    throttle_thermal_s = models.FloatField(default=0)
+    throttle_hw_slowdown_s = models.FloatField(default=0)
+    throttle_other_s = models.FloatField(default=0)
+    throttle_any_s = models.FloatField(default=0)
+    sm_active_s = models.FloatField(default=0, help_text="Σ sm_active × seconds")
+    sm_observed_s = models.FloatField(default=0, help_text="Σ seconds of samples with sm_active")
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "hour"], name="telemetry_hourly_gpu_hour")
+        ]
+        indexes = [models.Index(fields=["hour"], name="telemetry_hourly_hour")]
+
+
+class RollupPending(models.Model):
+    """An hour whose rollup is out of date. ``version`` grows with every mark, so a rollup
+    clears only the marks it has seen and a sample that lands mid-rollup re-marks its hour."""
+
+    hour = models.DateTimeField(primary_key=True)
+    version = models.BigIntegerField(default=1)
+    marked_at = models.DateTimeField(auto_now=True)

@@ -1,0 +1,31 @@
+"""Marks hours as needing a rollup: cheap on the ingest path (one statement per batch)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+
+from django.db import connection
+from django.utils import timezone
+
+
+def hours_mark(hours: Iterable[dt.datetime]) -> None:
+    """Mark these UTC hour starts out of date; bumps ``version`` of hours already marked."""
+    unique = sorted({h for h in hours})
+    if not unique:
+        return
+    now = timezone.now()
+    placeholders = ", ".join(["(%s, 1, %s)"] * len(unique))
+    params: list[object] = []
+    for hour in unique:
+        params += [hour, now]
+    # One upsert for the batch; the version bump is what lets a running rollup tell that an
+    # hour was marked again while it was computing (it then leaves the mark in place).
+    sql = (
+        "INSERT INTO telemetry_rolluppending (hour, version, marked_at) VALUES "  # noqa: S608
+        + placeholders
+        + " ON CONFLICT (hour) DO UPDATE SET version = telemetry_rolluppending.version + 1,"
+        " marked_at = excluded.marked_at"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
