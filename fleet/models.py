@@ -116,6 +116,9 @@ class Node(models.Model):
     agent_version = models.CharField(max_length=50, blank=True)
     driver_version = models.CharField(max_length=50, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    spool_dropped_total = models.BigIntegerField(
+        default=0, help_text="Samples the agent's full spool dropped, as it reported them"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
