@@ -36,7 +36,7 @@ def run(*args: str | Path, env: dict[str, str] | None = None) -> None:
 
 
 def ensure_venv(extras: str) -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - this script may be run by an older python3
         sys.exit("Python 3.11 or newer is needed")
     if not PY.exists():
         say(f"creating {VENV}")
@@ -62,7 +62,11 @@ def ensure_chromium() -> None:
 
 def cmd_demo(args: list[str]) -> None:
     ensure_venv("")
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")
+    }
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
     run(PY, "manage.py", "demo", *args, env=env)
 
@@ -88,7 +92,11 @@ def cmd_test(args: list[str]) -> None:
     run(PY, "-m", "pytest", *(args or ["-q"]), env=env)
     if not args:
         say("smoke set on the embedded SQLite default")
-        smoke = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
+        smoke = {
+            k: v
+            for k, v in env.items()
+            if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")
+        }
         smoke["GPUFLEET_VAR_DIR"] = str(ROOT / "var" / "smoke")
         run(PY, "-m", "pytest", "-q", "-m", "smoke", env=smoke)
 

@@ -37,7 +37,9 @@ class CostProfile(models.Model):
     class Meta:
         ordering = ["scope_kind", "scope_name"]
         constraints = [
-            models.UniqueConstraint(fields=["scope_kind", "scope_name"], name="billing_profile_scope")
+            models.UniqueConstraint(
+                fields=["scope_kind", "scope_name"], name="billing_profile_scope"
+            )
         ]
 
     def __str__(self) -> str:

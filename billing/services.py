@@ -25,23 +25,31 @@ def cost_profiles_apply(*, rows: list[dict[str, Any]], result: ApplyResult) -> N
         scope = str(row.get("scope", ""))
         kind_name, _, name = scope.partition(":")
         if kind_name not in _SCOPE_MODELS or not name:
-            raise FleetFileError(f"{where}.scope: expected gpu:UUID, node:HOST, pool:NAME or site:NAME")
+            raise FleetFileError(
+                f"{where}.scope: expected gpu:UUID, node:HOST, pool:NAME or site:NAME"
+            )
         model, field = _SCOPE_MODELS[kind_name]
         if kind_name != "gpu" and not model.objects.filter(**{field: name}).exists():
             raise FleetFileError(f"{where}.scope: no {kind_name} named {name!r}")
         kind = row.get("kind")
         if kind not in ("owned", "rented"):
-            raise FleetFileError(f"{where}.kind: must be \"owned\" or \"rented\"")
+            raise FleetFileError(f'{where}.kind: must be "owned" or "rented"')
         values: dict[str, Any] = {"kind": kind}
         if kind == "owned":
             if "purchase_price" not in row:
                 raise FleetFileError(f"{where}.purchase_price: required for an owned GPU")
-            values["purchase_price"] = fleet_decimal(row["purchase_price"], where=f"{where}.purchase_price")
-            years = fleet_decimal(row.get("depreciation_years", 5), where=f"{where}.depreciation_years")
+            values["purchase_price"] = fleet_decimal(
+                row["purchase_price"], where=f"{where}.purchase_price"
+            )
+            years = fleet_decimal(
+                row.get("depreciation_years", 5), where=f"{where}.depreciation_years", money=False
+            )
             if years <= 0:
                 raise FleetFileError(f"{where}.depreciation_years: must be > 0")
             values["depreciation_years"] = years
-            values["opex_per_hour"] = fleet_decimal(row.get("opex_per_hour", "0"), where=f"{where}.opex_per_hour")
+            values["opex_per_hour"] = fleet_decimal(
+                row.get("opex_per_hour", "0"), where=f"{where}.opex_per_hour"
+            )
             values["rental_rate_per_hour"] = Decimal("0")
         else:
             if "rental_rate_per_hour" not in row:

@@ -20,7 +20,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # The database is away: say so quickly so agents back off and retry (DESIGN §5).
         logger.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
         return Response(
-            {"detail": "database unavailable, retry later"}, status=503, headers={"Retry-After": "5"}
+            {"detail": "database unavailable, retry later"},
+            status=503,
+            headers={"Retry-After": "5"},
         )
     if isinstance(exc, DatabaseError):
         logger.exception("database error")

@@ -43,7 +43,9 @@ def readyz(request: HttpRequest) -> HttpResponse:
         except Exception as exc:  # noqa: BLE001
             checks["cache"] = f"error: {type(exc).__name__}"
     ready = all(v == "ok" for v in checks.values())
-    return JsonResponse({"status": "ok" if ready else "unavailable", **checks}, status=200 if ready else 503)
+    return JsonResponse(
+        {"status": "ok" if ready else "unavailable", **checks}, status=200 if ready else 503
+    )
 
 
 @require_GET
@@ -55,8 +57,13 @@ def metrics(request: HttpRequest) -> HttpResponse:
     token = settings.METRICS_TOKEN
     auth = request.headers.get("Authorization", "")
     allowed = bool(token) and auth == f"Bearer {token}"
-    allowed = allowed or (request.user.is_authenticated and request.user.has_perm("fleet.manage_fleet"))
+    allowed = allowed or (
+        request.user.is_authenticated and request.user.has_perm("fleet.manage_fleet")
+    )
     if not allowed:
-        return HttpResponse("forbidden\n", status=403 if request.user.is_authenticated else 401,
-                            content_type="text/plain")
+        return HttpResponse(
+            "forbidden\n",
+            status=403 if request.user.is_authenticated else 401,
+            content_type="text/plain",
+        )
     return HttpResponse(metrics_render(), content_type="text/plain; version=0.0.4")

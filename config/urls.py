@@ -22,7 +22,9 @@ urlpatterns = [
     ),
     path(
         "api/v1/docs",
-        SpectacularSwaggerSplitView.as_view(url_name="schema", permission_classes=[CanViewDashboard]),
+        SpectacularSwaggerSplitView.as_view(
+            url_name="schema", permission_classes=[CanViewDashboard]
+        ),
         name="api-docs",
     ),
     path("api/v1/", include("telemetry.api.urls")),

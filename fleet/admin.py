@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.contrib import admin
 
 from fleet.models import (
@@ -14,50 +16,59 @@ from fleet.models import (
 
 
 @admin.register(FleetSettings)
-class FleetSettingsAdmin(admin.ModelAdmin):
+class FleetSettingsAdmin(admin.ModelAdmin[FleetSettings]):
     list_display = ["currency", "report_time_zone", "active_util_pct", "target_utilization"]
 
 
 @admin.register(Site)
-class SiteAdmin(admin.ModelAdmin):
+class SiteAdmin(admin.ModelAdmin[Site]):
     list_display = ["name", "pue", "price_per_kwh", "grid_g_per_kwh", "time_zone"]
     search_fields = ["name"]
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(admin.ModelAdmin[Team]):
     list_display = ["name", "cost_center"]
     search_fields = ["name", "cost_center"]
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
+class PoolAdmin(admin.ModelAdmin[Pool]):
     list_display = ["name", "site", "team"]
     list_filter = ["site", "team"]
 
 
 @admin.register(GpuModel)
-class GpuModelAdmin(admin.ModelAdmin):
+class GpuModelAdmin(admin.ModelAdmin[GpuModel]):
     list_display = ["key", "name", "max_power_w", "idle_power_w", "memory_gib"]
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(admin.ModelAdmin[Node]):
     list_display = ["hostname", "pool", "site", "agent_version", "driver_version", "last_seen_at"]
     list_filter = ["pool", "site"]
     search_fields = ["hostname"]
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
-    list_display = ["uuid", "node", "index", "name", "model", "team", "in_service_at", "retired_at",
-                    "last_seen_at"]
+class GpuAdmin(admin.ModelAdmin[Gpu]):
+    list_display = [
+        "uuid",
+        "node",
+        "index",
+        "name",
+        "model",
+        "team",
+        "in_service_at",
+        "retired_at",
+        "last_seen_at",
+    ]
     list_filter = ["model", "node__pool", "team"]
     search_fields = ["uuid", "node__hostname", "serial"]
     list_select_related = ["node", "model", "team"]
 
 
-class _TokenAdmin(admin.ModelAdmin):
+class _TokenAdmin(admin.ModelAdmin[Any]):
     """Tokens are issued by management command (shown once); here they can only be revoked."""
 
     readonly_fields = ["prefix", "token_hash", "created_at", "last_used_at"]
@@ -81,5 +92,12 @@ class NodeTokenAdmin(_TokenAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(_TokenAdmin):
-    list_display = ["prefix", "user", "name", "created_at", "last_used_at", "expires_at",
-                    "revoked_at"]
+    list_display = [
+        "prefix",
+        "user",
+        "name",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+        "revoked_at",
+    ]

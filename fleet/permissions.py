@@ -21,7 +21,9 @@ class _HasPerm(BasePermission):
     def has_permission(self, request: Request, view: Any) -> bool:
         user = request.user
         return bool(
-            user and user.is_authenticated and getattr(user, "has_perm", None)
+            user
+            and user.is_authenticated
+            and getattr(user, "has_perm", None)
             and user.has_perm(self.perm)
         )
 

@@ -17,7 +17,7 @@ def roles_sync(**_: Any) -> None:
     from django.contrib.auth.models import Group, Permission
 
     for role, codenames in ROLE_PERMISSIONS.items():
-        group, _ = Group.objects.get_or_create(name=role)
+        group, _created = Group.objects.get_or_create(name=role)
         perms = Permission.objects.filter(content_type__app_label="fleet", codename__in=codenames)
         group.permissions.set(perms)
 

@@ -147,9 +147,14 @@ def fleet_datetime(value: Any, *, zone: ZoneInfo, where: str) -> dt.datetime | N
     return parsed.astimezone(dt.UTC)
 
 
-def fleet_decimal(value: Any, *, where: str, minimum: Decimal | None = Decimal(0)) -> Decimal:
-    if isinstance(value, float):
-        raise FleetFileError(f"{where}: money must be a string such as \"0.21\", not a float")
+def fleet_decimal(
+    value: Any, *, where: str, minimum: Decimal | None = Decimal(0), money: bool = True
+) -> Decimal:
+    """A decimal from the fleet file; money must be a string (floats lose cents)."""
+    if isinstance(value, bool):
+        raise FleetFileError(f"{where}: expected a number, got {value!r}")
+    if money and isinstance(value, float):
+        raise FleetFileError(f'{where}: money must be a string such as "0.21", not a float')
     try:
         number = Decimal(str(value))
     except (InvalidOperation, ValueError) as exc:
@@ -200,7 +205,7 @@ def fleet_file_apply(*, document: dict[str, Any]) -> ApplyResult:
     """
     result = ApplyResult()
     if not document.get("currency"):
-        raise FleetFileError("currency: required (an ISO 4217 code such as \"USD\")")
+        raise FleetFileError('currency: required (an ISO 4217 code such as "USD")')
     currency = str(document["currency"]).upper()
     if len(currency) != 3 or not currency.isalpha():
         raise FleetFileError(f"currency: not an ISO 4217 code: {document['currency']!r}")
@@ -223,8 +228,10 @@ def fleet_file_apply(*, document: dict[str, Any]) -> ApplyResult:
 
     for i, row in enumerate(_table(document, "sites")):
         where = f"sites[{i}]"
-        pue = fleet_decimal(row.get("pue", 1), where=f"{where}.pue", minimum=Decimal(1))
-        site_values = {
+        pue = fleet_decimal(
+            row.get("pue", 1), where=f"{where}.pue", minimum=Decimal(1), money=False
+        )
+        site_values: dict[str, Any] = {
             "pue": pue,
             "price_per_kwh": fleet_decimal(
                 row.get("price_per_kwh", "0"), where=f"{where}.price_per_kwh"

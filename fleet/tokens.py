@@ -18,9 +18,7 @@ API_KIND = "gfa"
 
 
 def token_hash(token: str) -> str:
-    return hmac.new(
-        settings.TOKEN_PEPPER.encode(), token.encode(), hashlib.sha256
-    ).hexdigest()
+    return hmac.new(settings.TOKEN_PEPPER.encode(), token.encode(), hashlib.sha256).hexdigest()
 
 
 def token_generate(kind: str) -> tuple[str, str]:

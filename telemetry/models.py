@@ -41,6 +41,9 @@ class Sample(models.Model):
     class Meta:
         indexes = [models.Index(fields=["start"], name="telemetry_sample_start")]
 
+    def __str__(self) -> str:
+        return f"gpu {self.gpu_id} @ {self.start:%Y-%m-%d %H:%M} ({self.seconds} s)"
+
 
 class HourlyUsage(models.Model):
     """One GPU over one UTC hour: the sums every figure of DESIGN.md §3 is built from.
@@ -69,7 +72,9 @@ class HourlyUsage(models.Model):
     held_s = models.FloatField(default=0)
     parked_s = models.FloatField(default=0)
     energy_j = models.FloatField(default=0)
-    idle_energy_j = models.FloatField(default=0, help_text="Energy of samples below the active threshold")
+    idle_energy_j = models.FloatField(
+        default=0, help_text="Energy of samples below the active threshold"
+    )
     idle_s = models.FloatField(default=0, help_text="Seconds of samples below the active threshold")
     power_w_mean = models.FloatField(null=True)
     power_w_max = models.FloatField(null=True)
@@ -91,6 +96,9 @@ class HourlyUsage(models.Model):
         ]
         indexes = [models.Index(fields=["hour"], name="telemetry_hourly_hour")]
 
+    def __str__(self) -> str:
+        return f"gpu {self.gpu_id} @ {self.hour:%Y-%m-%d %H}h"
+
 
 class RollupPending(models.Model):
     """An hour whose rollup is out of date. ``version`` grows with every mark, so a rollup
@@ -99,3 +107,6 @@ class RollupPending(models.Model):
     hour = models.DateTimeField(primary_key=True)
     version = models.BigIntegerField(default=1)
     marked_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h v{self.version}"

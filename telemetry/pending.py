@@ -16,7 +16,7 @@ def hours_mark(hours: Iterable[dt.datetime]) -> None:
         return
     now = timezone.now()
     placeholders = ", ".join(["(%s, 1, %s)"] * len(unique))
-    params: list[object] = []
+    params: list[dt.datetime | int] = []
     for hour in unique:
         params += [hour, now]
     # One upsert for the batch; the version bump is what lets a running rollup tell that an

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import django_stubs_ext
 import environ
 
 from config.env import env_bool, env_int, env_list, env_str
+
+# Lets admin classes and querysets be subscripted at run time (ModelAdmin[Site]).
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(env_str("GPUFLEET_VAR_DIR", str(BASE_DIR / "var")))

@@ -7,7 +7,8 @@ def test_role_groups_exist_after_migrate():
     from django.contrib.auth.models import Group
 
     perms = {
-        g.name: sorted(g.permissions.values_list("codename", flat=True)) for g in Group.objects.all()
+        g.name: sorted(g.permissions.values_list("codename", flat=True))
+        for g in Group.objects.all()
     }
     assert perms == {
         "viewer": ["view_dashboard"],
