@@ -1,0 +1,164 @@
+"""The agent: tick every second, summarise per interval, spool, deliver.
+
+The sampling loop runs in the calling thread; delivery runs in a second thread on its own
+spool connection, so a slow or absent server never delays a tick. Tests drive
+:meth:`Agent.tick` and :meth:`Delivery.step` directly on a simulated clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import __version__
+from .client import Delivery, Response, ingest_url, post_json
+from .clock import Clock, RealClock
+from .nvml import Collector, NvmlApi
+from .spool import Spool
+from .summarise import Summariser
+
+log = logging.getLogger("gpufleet.agent")
+
+SPOOL_FILE = "spool.sqlite3"
+
+
+class Agent:
+    def __init__(
+        self,
+        api: NvmlApi,
+        *,
+        spool_dir: str | None,
+        server: str | None = None,
+        token: str | None = None,
+        interval_s: int = 60,
+        hostname: str | None = None,
+        clock: Clock | None = None,
+        post: Callable[[str, str, bytes, float], Response] = post_json,
+        rng: random.Random | None = None,
+        max_batch: int = 1000,
+        spool_max_samples: int = 200_000,
+        max_backoff_s: float = 300.0,
+    ) -> None:
+        self.clock: Clock = clock or RealClock()
+        self.collector = Collector(api)
+        self.summariser = Summariser(interval_s)
+        self.interval_s = interval_s
+        self.hostname = hostname or socket.gethostname()
+        self.spool: Spool | None = None
+        self.delivery: Delivery | None = None
+        if spool_dir is not None:
+            path = os.path.join(spool_dir, SPOOL_FILE)
+            self.spool = Spool(path, max_samples=spool_max_samples)
+            if server:
+                self.delivery = Delivery(
+                    Spool(path, max_samples=spool_max_samples),
+                    url=ingest_url(server),
+                    token=token or "",
+                    node=self.node_info,
+                    gpus=self.collector.inventory,
+                    post=post,
+                    rng=rng,
+                    max_batch=max_batch,
+                    max_backoff_s=max_backoff_s,
+                )
+        self._wake = threading.Event()
+        self.ticks = 0
+
+    def node_info(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"hostname": self.hostname, "agent_version": __version__}
+        if self.collector.driver_version:
+            d["driver_version"] = self.collector.driver_version
+        return d
+
+    # -- sampling ---------------------------------------------------------------------------
+
+    def tick(self, t: int) -> list[dict[str, Any]]:
+        """The tick at whole second ``t``: read every GPU (the second ``[t-1, t)``), and return
+        the samples of intervals that closed, after storing them in the spool."""
+        self.ticks += 1
+        res = self.collector.read(float(t))
+        s = self.summariser
+        closed: list[dict[str, Any]] = []
+        for uuid in res.lost:
+            closed.extend(s.flush(uuid))
+        for uuid, r in res.readings.items():
+            closed.extend(s.add(uuid, t - 1, r))
+        closed.extend(s.close_due(t))
+        if closed and self.spool is not None:
+            self.spool.add(closed)
+            self._wake.set()
+        return closed
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Close every open interval now (on shutdown), storing the partial samples."""
+        closed = self.summariser.flush()
+        if closed and self.spool is not None:
+            self.spool.add(closed)
+        return closed
+
+    def run(self, stop: threading.Event, *, max_ticks: int | None = None) -> None:
+        """Tick on every whole second of ``self.clock`` until ``stop`` is set."""
+        clock = self.clock
+        sender = None
+        if self.delivery is not None:
+            sender = threading.Thread(target=self._send_loop, args=(stop,), daemon=True)
+            sender.start()
+        t = math.floor(clock.time()) + 1
+        n = 0
+        try:
+            while not stop.is_set():
+                now = clock.time()
+                if now < t:
+                    clock.sleep(t - now)
+                    continue
+                if now - t > 5:
+                    # suspended or starved: those seconds were not observed; do not invent them
+                    log.warning("skipped %d seconds of sampling (agent was not running)", now - t)
+                    t = math.floor(now)
+                self.tick(t)
+                t += 1
+                n += 1
+                if max_ticks is not None and n >= max_ticks:
+                    break
+        finally:
+            self.flush()
+            self.collector.shutdown()
+            stop.set()
+            self._wake.set()
+            if sender is not None:
+                sender.join(timeout=35.0)
+            if self.delivery is not None:
+                # one last try, so a clean stop leaves nothing behind when the server is up
+                deadline = clock.time() + 10.0
+                self.delivery.next_attempt = 0.0
+                self.delivery.drain(clock.time, deadline=deadline)
+
+    def _send_loop(self, stop: threading.Event) -> None:
+        assert self.delivery is not None
+        d, clock = self.delivery, self.clock
+        while not stop.is_set():
+            try:
+                out = d.step(clock.time())
+            except Exception:  # never let one bad answer kill delivery
+                log.exception("delivery failed unexpectedly; retrying in 10 s")
+                d.next_attempt = clock.time() + 10.0
+                out = "retry"
+            if out in ("sent", "split", "quarantined"):
+                continue
+            wait = d.next_attempt - clock.time() if out in ("wait", "retry") else 60.0
+            # the clock's seconds may be simulated; the wait itself is real time
+            speed = float(getattr(clock, "speed", 1.0))
+            self._wake.wait(timeout=max(0.01, min(wait, 60.0)) / speed)
+            self._wake.clear()
+
+    def close(self) -> None:
+        if self.spool is not None:
+            self.spool.close()
+        if self.delivery is not None:
+            self.delivery.spool.close()

@@ -1,0 +1,510 @@
+"""NVML access: the backend protocol, the real pynvml backend, and the per-second collector.
+
+The collector talks to a backend that has the same function names and signatures as the
+``pynvml`` module (nvidia-ml-py). The real backend is a thin typed wrapper round the module;
+``fake.FakeNvml`` implements the same protocol and raises pynvml's own ``NVMLError`` subclasses,
+so every fallback and error path below runs unchanged under test.
+
+NVML errors fall into three classes (plus transient ones):
+
+* a field not supported on this GPU or driver → omit that field from now on, use its fallback
+  (utilisation samples → utilisation rates; memory info v2 → v1; clocks-event reasons →
+  the older throttle-reasons call; energy counter → power × time);
+* the GPU is lost or needs a reset → report the other GPUs, mark that one ``lost``;
+* the driver or library is gone → drop every handle and re-initialise with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pynvml
+
+from .summarise import Reading
+
+log = logging.getLogger("gpufleet.agent")
+
+
+class NvmlApi(Protocol):
+    """The subset of pynvml the agent calls (same names, arguments and return values)."""
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
+    def nvmlDeviceGetName(self, handle: Any) -> str: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any: ...
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
+    def nvmlDeviceGetSamples(
+        self, device: Any, sampling_type: int, timeStamp: int
+    ) -> tuple[int, Sequence[Any]]: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[Any]: ...
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> Sequence[Any]: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int: ...
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int: ...
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int: ...
+
+
+class PynvmlApi:
+    """The real backend: the pynvml module, typed. The library loads on ``nvmlInit``."""
+
+    def nvmlInit(self) -> None:
+        pynvml.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        pynvml.nvmlShutdown()
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return _text(pynvml.nvmlSystemGetDriverVersion())
+
+    def nvmlDeviceGetCount(self) -> int:
+        return int(pynvml.nvmlDeviceGetCount())
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return _text(pynvml.nvmlDeviceGetUUID(handle))
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return _text(pynvml.nvmlDeviceGetName(handle))
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        return pynvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        return int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+
+    def nvmlDeviceGetSamples(
+        self, device: Any, sampling_type: int, timeStamp: int
+    ) -> tuple[int, Sequence[Any]]:
+        vtype, samples = pynvml.nvmlDeviceGetSamples(device, sampling_type, timeStamp)
+        return int(vtype), samples
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        return pynvml.nvmlDeviceGetUtilizationRates(handle)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[Any]:
+        procs: Sequence[Any] = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return procs
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> Sequence[Any]:
+        procs: Sequence[Any] = pynvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+        return procs
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return int(pynvml.nvmlDeviceGetPowerUsage(handle))
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        return int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        return int(pynvml.nvmlDeviceGetTemperature(handle, sensor))
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
+        return int(pynvml.nvmlDeviceGetClockInfo(handle, type))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if fn is None:  # nvidia-ml-py older than the rename
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return int(fn(handle))
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _codes(*names: str) -> frozenset[int]:
+    # getattr: older nvidia-ml-py releases lack some of the newer codes
+    return frozenset(int(getattr(pynvml, n)) for n in names if hasattr(pynvml, n))
+
+
+UNSUPPORTED = "unsupported"
+LOST = "lost"
+DRIVER = "driver"
+TRANSIENT = "transient"
+
+_UNSUPPORTED_CODES = _codes(
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_NO_PERMISSION",
+    "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+    "NVML_ERROR_DEPRECATED",
+)
+_LOST_CODES = _codes(
+    "NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_RESET_REQUIRED", "NVML_ERROR_GPU_NOT_FOUND"
+)
+_DRIVER_CODES = _codes(
+    "NVML_ERROR_UNINITIALIZED",
+    "NVML_ERROR_DRIVER_NOT_LOADED",
+    "NVML_ERROR_LIBRARY_NOT_FOUND",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+)
+
+
+# Raised (not as an NVMLError) by unversioned pynvml calls whose versioned symbol the driver lacks;
+# absent from old nvidia-ml-py releases.
+_MISMATCH: type[Exception] = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError)
+
+
+def classify(err: Exception) -> str:
+    """Which of the error classes above an exception from a backend call belongs to.
+
+    ``NVMLError`` objects are unhashable and compare by value: use ``err.value``.
+    """
+    if isinstance(err, _MISMATCH) and not isinstance(err, pynvml.NVMLError):
+        return UNSUPPORTED  # an unversioned call whose versioned symbol the driver lacks
+    value = getattr(err, "value", None)
+    if value in _UNSUPPORTED_CODES:
+        return UNSUPPORTED
+    if value in _LOST_CODES:
+        return LOST
+    if value in _DRIVER_CODES:
+        return DRIVER
+    return TRANSIENT
+
+
+class GpuLostError(Exception):
+    pass
+
+
+class DriverGoneError(Exception):
+    pass
+
+
+_NOT_FOUND = int(pynvml.NVML_ERROR_NOT_FOUND)
+
+
+@dataclass
+class Gpu:
+    """One GPU as the collector knows it, keyed by UUID (indices change across reboots)."""
+
+    uuid: str
+    index: int
+    name: str
+    handle: Any
+    memory_total_bytes: int | None = None
+    power_limit_w: float | None = None
+    lost: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    util_ts: int = 0  # newest NVML utilisation sample timestamp seen, µs
+    use_samples: bool = True
+    mem_v2: bool = True
+    procs_v3: bool = True
+    event_reasons: bool = True
+    transient_errors: int = 0
+
+    def inventory(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"uuid": self.uuid, "index": self.index, "name": self.name}
+        if self.memory_total_bytes is not None:
+            d["memory_total_bytes"] = self.memory_total_bytes
+        if self.power_limit_w is not None:
+            d["power_limit_w"] = self.power_limit_w
+        if self.lost:
+            d["status"] = "lost"  # unknown keys are ignored by the server; the log says why
+        return d
+
+
+@dataclass
+class TickResult:
+    readings: dict[str, Reading]
+    lost: list[str]  # GPUs lost during this tick
+    down: bool  # NVML not available this tick
+
+
+def _sample_value(vtype: int, v: Any) -> float:
+    if vtype == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        return float(v.dVal)
+    if vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return float(v.ulVal)
+    if vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        return float(v.ullVal)
+    if vtype == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return float(v.sllVal)
+    if vtype == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
+        return float(v.siVal)
+    return float(v.uiVal)  # utilisation samples are documented as unsigned int
+
+
+class Collector:
+    """Reads every GPU once per tick and survives unsupported fields, lost GPUs and a
+    driver that goes away. Times are seconds on the agent's clock (``now`` arguments)."""
+
+    BACKOFF_MAX_S = 60.0
+
+    def __init__(self, api: NvmlApi) -> None:
+        self.api = api
+        self.gpus: dict[str, Gpu] = {}
+        self.driver_version: str | None = None
+        self.up = False
+        self._next_init = 0.0
+        self._init_failures = 0
+        self._last_error: str | None = None
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def ensure(self, now: float) -> bool:
+        """Initialise NVML and discover GPUs if needed; ``False`` while it is unavailable."""
+        if self.up:
+            return True
+        if now < self._next_init:
+            return False
+        try:
+            self.api.nvmlInit()
+            self.driver_version = self.api.nvmlSystemGetDriverVersion()
+            self._discover()
+        except (pynvml.NVMLError, DriverGoneError) as e:
+            self._went_down(now, e)
+            return False
+        if self._init_failures:
+            log.warning("NVML is back after %d failed attempts", self._init_failures)
+        self.up = True
+        self._init_failures = 0
+        self._last_error = None
+        return True
+
+    def shutdown(self) -> None:
+        if self.up:
+            try:
+                self.api.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+            self.up = False
+
+    def _went_down(self, now: float, err: BaseException) -> None:
+        if self.up:
+            try:
+                # balance the earlier nvmlInit (NVML counts them) before initialising again
+                self.api.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+        self.up = False
+        for g in self.gpus.values():
+            g.handle = None
+        self._init_failures += 1
+        delay = min(self.BACKOFF_MAX_S, 2.0 ** (self._init_failures - 1))
+        self._next_init = now + delay
+        cause = err.__cause__ if isinstance(err, DriverGoneError) and err.__cause__ else err
+        log.error("NVML unavailable (%s); retrying in %.0f s", cause, delay)
+        self._last_error = str(cause)
+
+    def _discover(self) -> None:
+        api = self.api
+        count = api.nvmlDeviceGetCount()
+        seen: set[str] = set()
+        for index in range(count):
+            try:
+                h = api.nvmlDeviceGetHandleByIndex(index)
+                uuid = api.nvmlDeviceGetUUID(h)
+                name = api.nvmlDeviceGetName(h)
+            except pynvml.NVMLError as e:
+                kind = classify(e)
+                if kind == DRIVER:
+                    raise DriverGoneError(str(e)) from e
+                log.error(
+                    "GPU at index %d unusable at discovery (%s); reporting the others", index, e
+                )
+                continue
+            seen.add(uuid)
+            g = self.gpus.get(uuid)
+            if g is None:
+                g = self.gpus[uuid] = Gpu(uuid=uuid, index=index, name=name, handle=h)
+                log.info("found GPU %d %s %s", index, uuid, name)
+            else:
+                if g.lost:
+                    log.warning("GPU %s is back after re-initialisation", uuid)
+                g.handle, g.index, g.name, g.lost = h, index, name, False
+                g.util_ts = 0
+            try:
+                self._static(g)
+            except GpuLostError as e:
+                g.lost = True
+                log.error("GPU %d %s lost at discovery (%s); reporting the others", index, uuid, e)
+        for g in self.gpus.values():
+            if g.uuid not in seen and not g.lost:
+                g.lost = True
+                log.error("GPU %s is gone after re-initialisation; reporting the others", g.uuid)
+
+    def _static(self, g: Gpu) -> None:
+        mem = self._mem(g)
+        if mem is not None:
+            g.memory_total_bytes = int(mem.total)
+        limit = self._try(g, "power_limit", self.api.nvmlDeviceGetEnforcedPowerLimit, g.handle)
+        if limit is not None:
+            g.power_limit_w = round(limit / 1000.0, 1)  # NVML reports milliwatts
+        if g.use_samples:
+            # Set the sample cursor one second before the newest buffered sample: the first
+            # tick then averages the last second, not the driver's whole buffer.
+            try:
+                _, samples = self.api.nvmlDeviceGetSamples(
+                    g.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0
+                )
+                if samples:
+                    g.util_ts = max(int(s.timeStamp) for s in samples) - 1_000_000
+            except pynvml.NVMLError as e:
+                self._handle(g, "util_samples", e)
+
+    def inventory(self) -> list[dict[str, Any]]:
+        # called from the sender thread: take a snapshot of the values first
+        return [g.inventory() for g in sorted(list(self.gpus.values()), key=lambda g: g.index)]
+
+    # -- one tick ---------------------------------------------------------------------------
+
+    def read(self, now: float) -> TickResult:
+        if not self.ensure(now):
+            return TickResult({}, [], True)
+        readings: dict[str, Reading] = {}
+        lost: list[str] = []
+        for g in self.gpus.values():
+            if g.lost or g.handle is None:
+                continue
+            try:
+                readings[g.uuid] = self._read_gpu(g)
+            except GpuLostError as e:
+                g.lost = True
+                lost.append(g.uuid)
+                log.error(
+                    "GPU %d %s lost (%s): no more samples for it; reporting the others",
+                    g.index,
+                    g.uuid,
+                    e,
+                )
+            except DriverGoneError as e:
+                self._went_down(now, e)
+                return TickResult({}, lost, True)
+        return TickResult(readings, lost, False)
+
+    def _handle(self, g: Gpu, what: str, e: BaseException) -> None:
+        """Classify an error from one call; raise for lost GPU / driver gone."""
+        kind = classify(e) if isinstance(e, Exception) else TRANSIENT
+        if kind == LOST:
+            raise GpuLostError(str(e)) from e
+        if kind == DRIVER:
+            raise DriverGoneError(str(e)) from e
+        if kind == UNSUPPORTED:
+            if what not in g.unsupported:
+                g.unsupported.add(what)
+                log.info("GPU %d %s: %s not supported (%s); omitting it", g.index, g.uuid, what, e)
+            return
+        g.transient_errors += 1
+        log.debug("GPU %d %s: %s failed (%s)", g.index, g.uuid, what, e)
+
+    def _try(self, g: Gpu, what: str, fn: Any, *args: Any) -> Any:
+        if what in g.unsupported:
+            return None
+        try:
+            return fn(*args)
+        except (pynvml.NVMLError, _MISMATCH) as e:
+            self._handle(g, what, e)
+            return None
+
+    def _mem(self, g: Gpu) -> Any:
+        api = self.api
+        if g.mem_v2:
+            try:
+                # v2 does not count memory the driver reserves as used (v1 does)
+                return api.nvmlDeviceGetMemoryInfo(g.handle, version=pynvml.nvmlMemory_v2)
+            except pynvml.NVMLError as e:
+                if classify(e) != UNSUPPORTED:
+                    self._handle(g, "memory", e)
+                    return None
+                g.mem_v2 = False
+                log.info("GPU %d %s: memory info v2 unavailable (%s); using v1", g.index, g.uuid, e)
+        return self._try(g, "memory", api.nvmlDeviceGetMemoryInfo, g.handle)
+
+    def _util_from_samples(self, g: Gpu) -> float | None:
+        try:
+            vtype, samples = self.api.nvmlDeviceGetSamples(
+                g.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, g.util_ts
+            )
+        except pynvml.NVMLError as e:
+            if e.value == _NOT_FOUND:
+                return 0.0  # no sample since the last tick: the GPU ran no kernel
+            if classify(e) == UNSUPPORTED:
+                g.use_samples = False
+                log.info(
+                    "GPU %d %s: utilisation samples unavailable (%s); using utilisation rates",
+                    g.index,
+                    g.uuid,
+                    e,
+                )
+                return None
+            self._handle(g, "util_samples", e)
+            return None
+        fresh = [s for s in samples if int(s.timeStamp) > g.util_ts]
+        if not fresh:
+            return 0.0
+        newest = max(int(s.timeStamp) for s in fresh)
+        if g.util_ts == 0:
+            # no cursor yet: keep only the last second of the driver's buffer
+            fresh = [s for s in fresh if newest - int(s.timeStamp) < 1_000_000]
+        g.util_ts = newest
+        return sum(_sample_value(vtype, s.sampleValue) for s in fresh) / len(fresh)
+
+    def _read_gpu(self, g: Gpu) -> Reading:
+        api, h = self.api, g.handle
+        r = Reading()
+        util: float | None = None
+        if g.use_samples:
+            util = self._util_from_samples(g)
+        rates = self._try(g, "utilization", api.nvmlDeviceGetUtilizationRates, h)
+        if rates is not None:
+            r.mem_util = float(rates.memory)
+            if util is None:
+                util = float(rates.gpu)
+        r.util = util
+        if util is None and not g.use_samples and "utilization" in g.unsupported:
+            if "no_util" not in g.unsupported:
+                g.unsupported.add("no_util")
+                log.error(
+                    "GPU %d %s: utilisation cannot be read (a MIG instance?); "
+                    "no samples will be sent for it",
+                    g.index,
+                    g.uuid,
+                )
+        mem = self._mem(g)
+        if mem is not None:
+            r.mem_used = int(mem.used)
+        if g.procs_v3:
+            try:
+                r.procs = len(api.nvmlDeviceGetComputeRunningProcesses(h))
+            except pynvml.NVMLError as e:
+                self._handle(g, "procs", e)
+            except _MISMATCH:
+                g.procs_v3 = False  # driver older than the v3 process list
+        if not g.procs_v3:
+            procs = self._try(g, "procs", api.nvmlDeviceGetComputeRunningProcesses_v2, h)
+            if procs is not None:
+                r.procs = len(procs)
+        r.power_mw = self._try(g, "power", api.nvmlDeviceGetPowerUsage, h)
+        r.energy_mj = self._try(g, "energy", api.nvmlDeviceGetTotalEnergyConsumption, h)
+        r.temp_c = self._try(
+            g, "temperature", api.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU
+        )
+        r.sm_clock_mhz = self._try(
+            g, "sm_clock", api.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM
+        )
+        if g.event_reasons and "throttle" not in g.unsupported:
+            try:
+                r.reasons = api.nvmlDeviceGetCurrentClocksEventReasons(h)
+            except pynvml.NVMLError as e:
+                if classify(e) == UNSUPPORTED:
+                    g.event_reasons = False  # drivers before 535 only know the old name
+                else:
+                    self._handle(g, "throttle", e)
+        if not g.event_reasons:
+            r.reasons = self._try(g, "throttle", api.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        return r

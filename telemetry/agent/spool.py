@@ -1,0 +1,192 @@
+"""The on-disk spool: every sample is written here before anything tries to send it.
+
+SQLite in WAL mode, one file. Samples leave the ``samples`` table only when the server has
+acknowledged them (2xx), when a 4xx moves their batch to ``quarantine``, or when the spool is
+full and the oldest are dropped (counted, and reported on the next successful push).
+
+The collector thread writes and the sender thread reads and deletes, each on its own
+connection: WAL lets one write while the other reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    gpu TEXT NOT NULL,
+    start TEXT NOT NULL,
+    body TEXT NOT NULL,
+    UNIQUE (gpu, start)
+);
+CREATE TABLE IF NOT EXISTS emitted (
+    gpu TEXT PRIMARY KEY,
+    start TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created REAL NOT NULL,
+    status INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    samples TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+"""
+
+
+@dataclass
+class Batch:
+    first_id: int
+    last_id: int
+    samples: list[dict[str, Any]]
+
+
+class Spool:
+    """One connection to the spool file; open one per thread."""
+
+    def __init__(self, path: str, *, max_samples: int = 200_000) -> None:
+        if max_samples < 1:
+            raise ValueError("max_samples must be at least 1")
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        self.path = path
+        self.max_samples = max_samples
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write never upgrades
+        # a read lock mid-transaction (which is where SQLite's "database is locked" comes from)
+        self.db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit survives power loss too, not only a crash of this process; at one
+        # commit per interval the cost is nothing.
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA busy_timeout=30000")
+        with self._tx() as db:
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+
+    def close(self) -> None:
+        self.db.close()
+
+    class _Tx:
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def __enter__(self) -> sqlite3.Connection:
+            self.db.execute("BEGIN IMMEDIATE")
+            return self.db
+
+        def __exit__(self, et: object, ev: object, tb: object) -> None:
+            self.db.execute("COMMIT" if et is None else "ROLLBACK")
+
+    def _tx(self) -> Spool._Tx:
+        return Spool._Tx(self.db)
+
+    # -- meta counters ----------------------------------------------------------------------
+
+    def _get(self, key: str) -> int:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _add(self, key: str, n: int) -> None:
+        self.db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = value + excluded.value",
+            (key, n),
+        )
+
+    def counter(self, key: str) -> int:
+        return self._get(key)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def add(self, samples: list[dict[str, Any]]) -> int:
+        """Store closed samples; returns how many were new.
+
+        A sample whose ``start`` is not after the last one stored for its GPU is skipped:
+        an agent restarted inside an interval it already reported must not report it twice.
+        When the spool would exceed ``max_samples``, the oldest are dropped and counted.
+        """
+        if not samples:
+            return 0
+        added = 0
+        with self._tx() as db:
+            for s in samples:
+                gpu, start = s["gpu"], s["start"]
+                row = db.execute("SELECT start FROM emitted WHERE gpu = ?", (gpu,)).fetchone()
+                # ISO 8601 UTC strings of one format sort as the times they name
+                if row is not None and row[0] >= start:
+                    continue
+                db.execute(
+                    "INSERT INTO emitted (gpu, start) VALUES (?, ?) "
+                    "ON CONFLICT (gpu) DO UPDATE SET start = excluded.start",
+                    (gpu, start),
+                )
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO samples (gpu, start, body) VALUES (?, ?, ?)",
+                    (gpu, start, json.dumps(s, separators=(",", ":"))),
+                )
+                added += cur.rowcount
+            count = int(db.execute("SELECT count(*) FROM samples").fetchone()[0])
+            excess = count - self.max_samples
+            if excess > 0:
+                db.execute(
+                    "DELETE FROM samples WHERE id IN (SELECT id FROM samples ORDER BY id LIMIT ?)",
+                    (excess,),
+                )
+                self._add("dropped_pending", excess)
+                self._add("dropped_total", excess)
+        return added
+
+    # -- reading and acknowledging ----------------------------------------------------------
+
+    def pending(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM samples").fetchone()[0])
+
+    def oldest(self, limit: int) -> Batch | None:
+        rows = self.db.execute(
+            "SELECT id, body FROM samples ORDER BY id LIMIT ?", (limit,)
+        ).fetchall()
+        if not rows:
+            return None
+        return Batch(int(rows[0][0]), int(rows[-1][0]), [json.loads(r[1]) for r in rows])
+
+    def ack(self, batch: Batch, *, dropped_reported: int = 0) -> None:
+        """The server took the batch: forget it, and the drops it was told about."""
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM samples WHERE id BETWEEN ? AND ?", (batch.first_id, batch.last_id)
+            )
+            if dropped_reported:
+                self._add("dropped_pending", -dropped_reported)
+
+    def quarantine(self, batch: Batch, status: int, reason: str) -> None:
+        """Keep a batch the server refused (4xx) aside, so it no longer blocks the queue."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO quarantine (created, status, reason, samples) VALUES (?, ?, ?, ?)",
+                (time.time(), status, reason[:2000], json.dumps(batch.samples)),
+            )
+            db.execute(
+                "DELETE FROM samples WHERE id BETWEEN ? AND ?", (batch.first_id, batch.last_id)
+            )
+            self._add("quarantined_batches", 1)
+            self._add("quarantined_samples", len(batch.samples))
+
+    def dropped_pending(self) -> int:
+        return self._get("dropped_pending")
+
+    def quarantined(self) -> list[tuple[int, int, str, int]]:
+        """(id, status, reason, number of samples) of each quarantined batch."""
+        return [
+            (int(r[0]), int(r[1]), str(r[2]), len(json.loads(r[3])))
+            for r in self.db.execute("SELECT id, status, reason, samples FROM quarantine")
+        ]

@@ -1,0 +1,279 @@
+"""One-second readings → one summary per GPU per interval (DESIGN.md §3 and §4).
+
+Timing convention: the agent ticks on whole seconds. The tick at time ``T`` reads what happened
+in the second ``[T-1, T)`` (the utilisation samples buffered since the last tick, the energy
+counter's growth since ``T-1``, the power and clocks right now), so it is attributed to
+second ``T-1``. An interval ``[S, S+n)`` is therefore complete after the tick at ``S+n`` and
+is sent without waiting for the next one. ``n`` divides 3600 and ``S`` is a multiple of ``n``
+counted from the Unix epoch, so no interval crosses an hour boundary.
+
+Every summary field is computed by :func:`finalise` from integer sums, so the tick path (the
+real agent) and the analytic path (the fleet simulator) round identically.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+THROTTLE_KEYS = ("power_cap", "thermal", "hw_slowdown", "other", "any")
+
+
+def _bit(name: str) -> int:
+    # nvidia-ml-py renamed nvmlClocksThrottleReason* to nvmlClocksEventReason*; older releases
+    # only have the first spelling. The bit values are the same.
+    value: Any = getattr(pynvml, "nvmlClocksEventReason" + name, None)
+    if value is None:
+        value = getattr(pynvml, "nvmlClocksThrottleReason" + name, 0)
+    return int(value)
+
+
+REASON_GPU_IDLE = _bit("GpuIdle")
+REASON_POWER_CAP = _bit("SwPowerCap")
+REASON_THERMAL = _bit("SwThermalSlowdown") | _bit("HwThermalSlowdown")
+REASON_HW_SLOWDOWN = _bit("HwSlowdown") | _bit("HwPowerBrakeSlowdown")
+# Everything else that limits clocks (application clocks, sync boost, display clock, board
+# limit, reliability, and any bit NVIDIA adds later). The GPU-idle bit is not a throttle: the
+# clocks drop because nothing runs.
+REASON_OTHER = ~(REASON_GPU_IDLE | REASON_POWER_CAP | REASON_THERMAL | REASON_HW_SLOWDOWN)
+
+
+@dataclass(slots=True)
+class Reading:
+    """What one tick read from one GPU; ``None`` where NVML could not say."""
+
+    util: float | None = None  # % of the second with a kernel running (mean of NVML samples)
+    mem_util: float | None = None  # % of the second with device memory being read or written
+    mem_used: int | None = None  # bytes
+    procs: int | None = None  # compute processes holding the GPU
+    power_mw: int | None = None  # board power, milliwatts
+    energy_mj: int | None = None  # NVML total energy counter, mJ since the driver loaded
+    temp_c: int | None = None
+    sm_clock_mhz: int | None = None
+    reasons: int | None = None  # clocks-event (throttle) reason bitmask
+
+
+_ISO_CACHE: dict[int, str] = {}
+
+
+def iso(ts: int) -> str:
+    """Unix seconds → ``2026-11-30T09:00:00Z``."""
+    s = _ISO_CACHE.get(ts)
+    if s is None:
+        if len(_ISO_CACHE) > 4096:
+            _ISO_CACHE.clear()
+        s = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+        _ISO_CACHE[ts] = s
+    return s
+
+
+class Accumulator:
+    """Sums over the ticks of one GPU in one interval (all integers, so nothing drifts)."""
+
+    __slots__ = (
+        "start",
+        "n",
+        "util_sum",
+        "util_n",
+        "mem_util_sum",
+        "mem_util_n",
+        "mem_used_max",
+        "procs_max",
+        "power_sum",
+        "power_n",
+        "energy_sum",
+        "energy_n",
+        "fallback_sum",
+        "fallback_n",
+        "energy_reset",
+        "temp_max",
+        "clock_sum",
+        "clock_n",
+        "thr",
+        "thr_n",
+    )
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.n = 0
+        self.util_sum = 0.0
+        self.util_n = 0
+        self.mem_util_sum = 0.0
+        self.mem_util_n = 0
+        self.mem_used_max: int | None = None
+        self.procs_max: int | None = None
+        self.power_sum = 0  # mW summed over ticks
+        self.power_n = 0
+        self.energy_sum = 0  # mJ: valid one-second counter deltas
+        self.energy_n = 0
+        self.fallback_sum = 0  # mJ: power × 1 s for ticks without a valid delta
+        self.fallback_n = 0
+        self.energy_reset = False
+        self.temp_max: int | None = None
+        self.clock_sum = 0
+        self.clock_n = 0
+        self.thr = [0, 0, 0, 0, 0]  # seconds: power_cap, thermal, hw_slowdown, other, any
+        self.thr_n = 0
+
+    def add(self, r: Reading, energy_delta_mj: int | None) -> None:
+        """Add one tick. ``energy_delta_mj`` is the counter's growth over exactly this second
+        (``None`` when there is no previous reading one second ago, or no counter)."""
+        self.n += 1
+        if r.util is not None:
+            self.util_sum += r.util
+            self.util_n += 1
+        if r.mem_util is not None:
+            self.mem_util_sum += r.mem_util
+            self.mem_util_n += 1
+        if r.mem_used is not None and (self.mem_used_max is None or r.mem_used > self.mem_used_max):
+            self.mem_used_max = r.mem_used
+        if r.procs is not None and (self.procs_max is None or r.procs > self.procs_max):
+            self.procs_max = r.procs
+        if r.power_mw is not None:
+            self.power_sum += r.power_mw
+            self.power_n += 1
+        if energy_delta_mj is not None and energy_delta_mj < 0:
+            # The counter went backwards: the driver was reloaded. The whole interval falls
+            # back to power × time (DESIGN §3), since part of it was counted from a new origin.
+            self.energy_reset = True
+        elif energy_delta_mj is not None:
+            self.energy_sum += energy_delta_mj
+            self.energy_n += 1
+        elif r.power_mw is not None:
+            self.fallback_sum += r.power_mw  # mW × 1 s = mJ
+            self.fallback_n += 1
+        if r.temp_c is not None and (self.temp_max is None or r.temp_c > self.temp_max):
+            self.temp_max = r.temp_c
+        if r.sm_clock_mhz is not None:
+            self.clock_sum += r.sm_clock_mhz
+            self.clock_n += 1
+        if r.reasons is not None:
+            bits = r.reasons
+            thr = self.thr
+            self.thr_n += 1
+            if bits & REASON_POWER_CAP:
+                thr[0] += 1
+            if bits & REASON_THERMAL:
+                thr[1] += 1
+            if bits & REASON_HW_SLOWDOWN:
+                thr[2] += 1
+            if bits & REASON_OTHER:
+                thr[3] += 1
+            if bits & ~REASON_GPU_IDLE:
+                thr[4] += 1
+
+
+def energy_j(acc: Accumulator) -> float | None:
+    """The interval's energy in joules by DESIGN §3, or ``None`` when nothing measures it."""
+    n = acc.n
+    if not acc.energy_reset and acc.energy_n > 0 and acc.energy_n + acc.fallback_n == n:
+        return round((acc.energy_sum + acc.fallback_sum) / 1000.0, 3)
+    if acc.power_n > 0:
+        # mean power (mW) × seconds → mJ → J
+        return round(acc.power_sum / acc.power_n * n / 1000.0, 3)
+    return None
+
+
+def finalise(uuid: str, acc: Accumulator) -> dict[str, Any] | None:
+    """The wire-format sample (DESIGN §4) for one closed interval; unknown fields are omitted.
+
+    Returns ``None`` when utilisation was never read: ``util_pct`` is required on the wire.
+    """
+    if acc.util_n == 0 or acc.n == 0:
+        return None
+    s: dict[str, Any] = {
+        "gpu": uuid,
+        "start": iso(acc.start),
+        "seconds": acc.n,
+        "util_pct": round(acc.util_sum / acc.util_n, 2),
+    }
+    if acc.mem_util_n:
+        s["mem_util_pct"] = round(acc.mem_util_sum / acc.mem_util_n, 2)
+    if acc.mem_used_max is not None:
+        s["mem_used_bytes"] = acc.mem_used_max
+    if acc.procs_max is not None:
+        s["procs"] = acc.procs_max
+    if acc.power_n:
+        s["power_w"] = round(acc.power_sum / acc.power_n / 1000.0, 2)
+    e = energy_j(acc)
+    if e is not None:
+        s["energy_j"] = e
+    if acc.temp_max is not None:
+        s["temp_c"] = acc.temp_max
+    if acc.clock_n:
+        s["sm_clock_mhz"] = round(acc.clock_sum / acc.clock_n)
+    if acc.thr_n:
+        t = acc.thr
+        s["throttle_s"] = {
+            "power_cap": t[0],
+            "thermal": t[1],
+            "hw_slowdown": t[2],
+            "other": t[3],
+            "any": t[4],
+        }
+    return s
+
+
+class Summariser:
+    """Per-GPU accumulators keyed by UUID; emits each interval once it is complete."""
+
+    def __init__(self, interval_s: int) -> None:
+        if interval_s < 1 or 3600 % interval_s:
+            raise ValueError(f"interval must divide 3600 seconds, got {interval_s}")
+        self.interval_s = interval_s
+        self._acc: dict[str, Accumulator] = {}
+        # uuid → (second, counter mJ) of the last energy reading, to take one-second deltas
+        self._last_energy: dict[str, tuple[int, int]] = {}
+
+    def align(self, second: int) -> int:
+        return second - second % self.interval_s
+
+    def add(self, uuid: str, second: int, r: Reading) -> list[dict[str, Any]]:
+        """Add the reading for ``second``; returns samples of intervals this one closed."""
+        out: list[dict[str, Any]] = []
+        start = second - second % self.interval_s
+        acc = self._acc.get(uuid)
+        if acc is not None and acc.start != start:
+            out.extend(self._close(uuid))
+            acc = None
+        if acc is None:
+            acc = self._acc[uuid] = Accumulator(start)
+        delta: int | None = None
+        if r.energy_mj is not None:
+            prev = self._last_energy.get(uuid)
+            if prev is not None and prev[0] == second - 1:
+                delta = r.energy_mj - prev[1]
+            self._last_energy[uuid] = (second, r.energy_mj)
+        acc.add(r, delta)
+        if second == start + self.interval_s - 1:
+            out.extend(self._close(uuid))
+        return out
+
+    def close_due(self, now_second: int) -> list[dict[str, Any]]:
+        """Close intervals that ended at or before ``now_second`` (a GPU that stopped
+        answering, or NVML that went away, must not hold its last interval forever)."""
+        out: list[dict[str, Any]] = []
+        for uuid in [u for u, a in self._acc.items() if a.start + self.interval_s <= now_second]:
+            out.extend(self._close(uuid))
+        return out
+
+    def flush(self, uuid: str | None = None) -> list[dict[str, Any]]:
+        """Close the open (partial) interval of one GPU, or of all."""
+        out: list[dict[str, Any]] = []
+        for u in [uuid] if uuid is not None else list(self._acc):
+            out.extend(self._close(u))
+        return out
+
+    def forget_energy(self) -> None:
+        """After NVML is re-initialised the counter may restart: never diff across that."""
+        self._last_energy.clear()
+
+    def _close(self, uuid: str) -> list[dict[str, Any]]:
+        acc = self._acc.pop(uuid, None)
+        if acc is None:
+            return []
+        s = finalise(uuid, acc)
+        return [s] if s is not None else []

@@ -1,0 +1,191 @@
+"""The agent as a process: SIGKILL mid-spool and restart, ``--once --print``, bad flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telemetry.agent.agent import SPOOL_FILE
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = "nodes=1,gpus=2,model=H100,pattern=training"
+
+
+def start_agent(spool: Path, ingest: Any, anchor: int, log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "GPUFLEET_SERVER": ingest.url,
+            "GPUFLEET_TOKEN": ingest.token,
+            "GPUFLEET_INTERVAL": "10",
+            "GPUFLEET_SPOOL": str(spool),
+            "GPUFLEET_FAKE": SPEC,
+            # 20 simulated seconds per real second, on a timeline both runs share
+            "GPUFLEET_FAKE_SPEED": "20",
+            "GPUFLEET_FAKE_EPOCH": str(anchor),
+        }
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "telemetry.agent.cli", "--batch-size", "4"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("ab"),
+    )
+
+
+def wait_for(cond: Any, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("timed out")
+        time.sleep(0.02)
+
+
+def keys(payload: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(s["gpu"], s["start"]) for s in payload["samples"]}
+
+
+def test_killed_mid_spool_and_restarted_loses_and_duplicates_nothing(
+    tmp_path: Path, ingest: Any
+) -> None:
+    spool = tmp_path / "spool"
+    log = tmp_path / "agent.log"
+    anchor = int(time.time())
+    # Phase 1: the server takes three batches, then holds the fourth without answering.
+    ingest.hold_after = 3
+    p1 = start_agent(spool, ingest, anchor, log)
+    try:
+        assert ingest.held.wait(timeout=30), log.read_text()
+        time.sleep(1.0)  # 20 more simulated seconds: two more intervals go to the spool
+        p1.send_signal(signal.SIGKILL)
+        p1.wait(timeout=10)
+    finally:
+        if p1.poll() is None:
+            p1.kill()
+    with ingest.lock:
+        phase1 = list(ingest.requests)
+    acked = set().union(*(keys(p) for s, p in phase1 if s == 200))
+    (held,) = [keys(p) for s, p in phase1 if s == -1]
+    assert len([s for s, _ in phase1 if s == 200]) == 3
+    db = sqlite3.connect(spool / SPOOL_FILE)
+    spooled = set(db.execute("SELECT gpu, start FROM samples").fetchall())
+    db.close()
+    # the unacknowledged batch is still on disk; nothing acknowledged is; later data is too
+    assert held <= spooled
+    assert not acked & spooled
+    assert len(spooled) > len(held)
+
+    # Phase 2: the server answers again (the held request finally gets its 200, to a dead
+    # socket); a new agent on the same spool sends what is left, then stops cleanly.
+    ingest.release.set()
+    n1 = len(phase1)
+    p2 = start_agent(spool, ingest, anchor, log)
+    try:
+
+        def resent() -> set[tuple[str, str]]:
+            with ingest.lock:
+                return set().union(set(), *(keys(p) for _, p in ingest.requests[n1:]))
+
+        wait_for(lambda: spooled <= resent(), timeout=30)
+        time.sleep(1.0)
+        p2.send_signal(signal.SIGTERM)
+        assert p2.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if p2.poll() is None:
+            p2.kill()
+
+    with ingest.lock:
+        phase2 = ingest.requests[n1:]
+        received = Counter(ingest.received)
+    assert all(s == 200 for s, _ in phase2)
+    sent2 = Counter(k for _, p in phase2 for k in keys(p))
+    # everything that was spooled at the kill arrives after the restart, exactly once
+    assert all(sent2[k] == 1 for k in spooled)
+    # nothing the server had acknowledged is sent again
+    assert not acked & set(sent2)
+    # over both runs, only the held (never acknowledged) batch arrived twice
+    assert {k for k, n in received.items() if n > 1} == held
+    assert max(received.values()) == 2
+    # the clean stop flushed and delivered the last partial interval: the spool is empty
+    db = sqlite3.connect(spool / SPOOL_FILE)
+    assert db.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
+    db.close()
+    # per GPU, the delivered intervals are contiguous except for the time the agent was dead
+    for gpu in {k[0] for k in received}:
+        starts = sorted({k[1] for k in received if k[0] == gpu})
+        ts = [time.mktime(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ")) for s in starts]
+        gaps = [b - a for a, b in zip(ts, ts[1:], strict=False) if b - a != 10]
+        assert len(gaps) <= 1, starts
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    e.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "telemetry.agent.cli", *args],
+        cwd=REPO,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_once_print_with_fake_fleet() -> None:
+    r = run_cli("--once", "--print", "--interval", "10", env={"GPUFLEET_FAKE": "small"})
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(r.stdout)
+    assert payload["node"]["hostname"] == "gpu-fra1-01"
+    assert [g["name"] for g in payload["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 2
+    assert len(payload["samples"]) == 2
+    for s in payload["samples"]:
+        assert s["seconds"] == 10 and s["start"].endswith("0Z")
+        assert int(s["start"][17:19]) % 10 == 0
+
+
+def test_once_print_without_a_gpu_says_so_in_one_line() -> None:
+    pytest.importorskip("pynvml")
+    r = run_cli("--once", "--print", "--interval", "1")
+    if r.returncode == 0:
+        pytest.skip("this machine has a working NVIDIA driver")
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if " ERROR " in line]
+    assert errors and "NVML unavailable" in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--interval", "7", "--once", "--print"], "must divide 3600"),
+        (["--interval", "60"], "--server and --token"),
+        (["--print"], "--print needs --once"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
+    r = run_cli(*args)
+    assert r.returncode == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_environment_stands_in_for_flags() -> None:
+    r = run_cli(
+        "--once",
+        "--print",
+        env={"GPUFLEET_FAKE": "nodes=1,gpus=1,model=L4,pattern=parked", "GPUFLEET_INTERVAL": "30"},
+    )
+    assert r.returncode == 0, r.stderr
+    (s,) = json.loads(r.stdout)["samples"]
+    assert s["seconds"] == 30
+    assert json.loads(r.stdout)["gpus"][0]["name"] == "NVIDIA L4"

@@ -1,0 +1,42 @@
+"""The agent stands alone: stdlib and pynvml only, nothing from Django or the server."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+AGENT = Path(__file__).resolve().parents[2] / "telemetry" / "agent"
+
+
+def test_agent_imports_only_stdlib_and_pynvml() -> None:
+    allowed = set(sys.stdlib_module_names) | {"pynvml"}
+    for path in AGENT.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+def test_importing_the_agent_loads_no_django() -> None:
+    code = (
+        "import sys, telemetry.agent.cli, telemetry.agent.fake;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('django', 'rest_framework', 'celery', 'fleet', 'billing', 'config')];"
+        "print(bad)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=AGENT.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
