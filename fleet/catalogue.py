@@ -29,7 +29,7 @@ class CatalogueEntry:
 CATALOGUE: tuple[CatalogueEntry, ...] = (
     CatalogueEntry("H200-NVL", "NVIDIA H200 NVL", r"H200\s*NVL", 600, 70, 141),
     CatalogueEntry("H200-SXM", "NVIDIA H200 SXM", r"H200", 700, 77, 141),
-    CatalogueEntry("H100-PCIE", "NVIDIA H100 PCIe", r"H100.*PCIe", 350, 50, 80),
+    CatalogueEntry("H100-PCIE", "NVIDIA H100 PCIe", r"H100.*PCIe", 350, 48, 80),
     CatalogueEntry("H100-NVL", "NVIDIA H100 NVL", r"H100\s*NVL", 400, 60, 94),
     CatalogueEntry("H100-SXM", "NVIDIA H100 SXM", r"H100", 700, 69, 80),
     CatalogueEntry("A100-PCIE-40GB", "NVIDIA A100 PCIe 40GB", r"A100.*PCIE.*40GB", 250, 35, 40),
