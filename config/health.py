@@ -1,6 +1,16 @@
-"""Liveness, readiness and the service's own Prometheus metrics."""
+"""Liveness, readiness and the service's own Prometheus metrics.
+
+- ``/healthz``: the process answers. For container health checks and liveness probes: it never
+  depends on another service, so an outage elsewhere does not restart healthy web processes.
+- ``/readyz``: the database and the broker answer (503 otherwise). For deploy gates, readiness
+  probes and alerting. The cache is reported but does not gate: ingest works without it
+  (DESIGN.md §5).
+- ``/metrics``: Prometheus text, for a bearer ``METRICS_TOKEN`` or an admin session.
+"""
 
 from __future__ import annotations
+
+import hmac
 
 from django.conf import settings
 from django.core.cache import cache
@@ -8,6 +18,9 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+
+# A probe that waits longer than its caller's timeout tells nobody anything.
+BROKER_TIMEOUT_S = 1.0
 
 
 @require_GET
@@ -17,35 +30,73 @@ def healthz(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"status": "ok"})
 
 
+def _error(exc: BaseException) -> str:
+    # The class name only: the message may carry a host name or a user, and this is public.
+    return f"error: {type(exc).__name__}"
+
+
+def _database_check() -> str:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        return _error(exc)
+
+
+def _broker_check(url: str) -> str:
+    try:
+        if url.startswith(("redis://", "rediss://", "unix://")):
+            import redis
+
+            client = redis.Redis.from_url(
+                url, socket_connect_timeout=BROKER_TIMEOUT_S, socket_timeout=BROKER_TIMEOUT_S
+            )
+            try:
+                client.ping()
+            finally:
+                client.close()
+        else:  # another kombu transport (AMQP…): open and close a connection
+            from kombu.connection import Connection
+
+            with Connection(url, connect_timeout=BROKER_TIMEOUT_S) as conn:  # type: ignore[no-untyped-call]
+                conn.ensure_connection(max_retries=1)
+        return "ok"
+    except Exception as exc:  # noqa: BLE001
+        return _error(exc)
+
+
+def _cache_check() -> str:
+    try:
+        cache.get("readyz")
+        return "ok"
+    except Exception as exc:  # noqa: BLE001
+        return _error(exc)
+
+
 @require_GET
 @never_cache
 def readyz(request: HttpRequest) -> HttpResponse:
     """Permission: public. The database (and the broker, where one is set) answer."""
-    checks: dict[str, str] = {}
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        checks["database"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - any failure means not ready
-        checks["database"] = f"error: {type(exc).__name__}"
+    gating = {"database": _database_check()}
     if settings.CELERY_BROKER_URL:
-        try:
-            import redis
-
-            redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=1).ping()
-            checks["broker"] = "ok"
-        except Exception as exc:  # noqa: BLE001
-            checks["broker"] = f"error: {type(exc).__name__}"
-    if settings.REDIS_URL:
-        try:
-            cache.get("readyz")
-            checks["cache"] = "ok"
-        except Exception as exc:  # noqa: BLE001
-            checks["cache"] = f"error: {type(exc).__name__}"
-    ready = all(v == "ok" for v in checks.values())
+        gating["broker"] = _broker_check(settings.CELERY_BROKER_URL)
+    info = {"cache": _cache_check()} if settings.REDIS_URL else {}
+    ready = all(value == "ok" for value in gating.values())
     return JsonResponse(
-        {"status": "ok" if ready else "unavailable", **checks}, status=200 if ready else 503
+        {"status": "ok" if ready else "unavailable", **gating, **info},
+        status=200 if ready else 503,
     )
+
+
+def _metrics_allowed(request: HttpRequest) -> bool:
+    token = settings.METRICS_TOKEN
+    auth = request.headers.get("Authorization", "")
+    # Constant-time comparison: the token is a long-lived secret held by the scraper.
+    if token and hmac.compare_digest(auth.encode(), f"Bearer {token}".encode()):
+        return True
+    user = request.user
+    return bool(user.is_authenticated and user.has_perm("fleet.manage_fleet"))
 
 
 @require_GET
@@ -54,16 +105,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
     """Permission: bearer ``METRICS_TOKEN`` or an admin session (metrics name nodes)."""
     from config.metrics import metrics_render
 
-    token = settings.METRICS_TOKEN
-    auth = request.headers.get("Authorization", "")
-    allowed = bool(token) and auth == f"Bearer {token}"
-    allowed = allowed or (
-        request.user.is_authenticated and request.user.has_perm("fleet.manage_fleet")
-    )
-    if not allowed:
-        return HttpResponse(
-            "forbidden\n",
-            status=403 if request.user.is_authenticated else 401,
-            content_type="text/plain",
-        )
-    return HttpResponse(metrics_render(), content_type="text/plain; version=0.0.4")
+    if not _metrics_allowed(request):
+        if request.user.is_authenticated:
+            return HttpResponse("forbidden\n", status=403, content_type="text/plain")
+        response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(metrics_render(), content_type="text/plain; version=0.0.4; charset=utf-8")

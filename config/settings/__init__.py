@@ -149,6 +149,11 @@ SECURE_REFERRER_POLICY = "same-origin"
 # Optional extra secret mixed into token hashes, so a stolen database alone cannot be used
 # to test token guesses offline.
 TOKEN_PEPPER = env_str("TOKEN_PEPPER", "")
+# Login throttling (config/auth.py): failures per IP + username within the window.
+LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 900)
+# How many reverse proxies in front of us append to X-Forwarded-For (0: use REMOTE_ADDR).
+NUM_PROXIES = env_int("NUM_PROXIES", 0)
 
 # --- Internationalisation -------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

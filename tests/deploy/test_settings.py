@@ -1,0 +1,145 @@
+"""Production settings, in subprocesses (they refuse to load without a real SECRET_KEY)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Variables that would change what production settings decide; the subprocess must see the
+# defaults, not whatever this shell happens to export.
+_SCRUB = (
+    "DEBUG",
+    "SECRET_KEY",
+    "SECRET_KEY_FILE",
+    "SECURE_SSL_REDIRECT",
+    "SECURE_HSTS_SECONDS",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS",
+    "SECURE_HSTS_PRELOAD",
+    "ALLOWED_HOSTS",
+    "LOG_JSON",
+    "NUM_PROXIES",
+)
+
+
+def production_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings.production"
+    env["SECRET_KEY"] = secrets.token_urlsafe(48)  # 64 characters
+    env.update(extra)
+    return env
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_check_deploy_is_clean_at_warning_level() -> None:
+    result = run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        production_env(),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+def test_check_deploy_catches_a_weakened_setting() -> None:
+    # The same check must fail when HSTS is off: proof that it runs the deploy checks at all.
+    result = run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        production_env(SECURE_HSTS_SECONDS="0"),
+    )
+    assert result.returncode != 0
+    assert "security.W004" in result.stderr + result.stdout
+
+
+def test_production_refuses_a_weak_secret_key_and_debug() -> None:
+    code = "import django; django.setup()"
+    weak = run([sys.executable, "-c", code], production_env(SECRET_KEY="short-and-weak"))
+    assert weak.returncode != 0 and "SECRET_KEY" in weak.stderr
+    default = run([sys.executable, "-c", code], production_env(SECRET_KEY=""))
+    assert default.returncode != 0 and "SECRET_KEY" in default.stderr
+    debug = run([sys.executable, "-c", code], production_env(DEBUG="true"))
+    assert debug.returncode != 0 and "DEBUG" in debug.stderr
+
+
+def test_production_cookies_tls_and_logs() -> None:
+    code = """
+import json
+import django
+django.setup()
+from django.conf import settings as s
+print(json.dumps({name: getattr(s, name) for name in [
+    "DEBUG", "SESSION_COOKIE_SECURE", "SESSION_COOKIE_HTTPONLY", "SESSION_COOKIE_SAMESITE",
+    "SESSION_COOKIE_NAME", "CSRF_COOKIE_SECURE", "SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS",
+    "SECURE_PROXY_SSL_HEADER", "SECURE_CONTENT_TYPE_NOSNIFF", "X_FRAME_OPTIONS",
+    "SECURE_REDIRECT_EXEMPT", "CELERY_WORKER_HIJACK_ROOT_LOGGER", "LOGIN_FAILURE_LIMIT",
+]} | {"formatter": s.LOGGING["handlers"]["console"]["formatter"],
+       "csp": "config.middleware.ContentSecurityPolicyMiddleware" in s.MIDDLEWARE}))
+"""
+    result = run([sys.executable, "-c", code], production_env())
+    assert result.returncode == 0, result.stderr
+    values = json.loads(result.stdout.strip().splitlines()[-1])
+    assert values["DEBUG"] is False
+    assert values["SESSION_COOKIE_SECURE"] is True
+    assert values["SESSION_COOKIE_HTTPONLY"] is True
+    assert values["SESSION_COOKIE_SAMESITE"] == "Lax"
+    assert values["SESSION_COOKIE_NAME"].startswith("__Host-")
+    assert values["CSRF_COOKIE_SECURE"] is True
+    assert values["SECURE_SSL_REDIRECT"] is True
+    assert values["SECURE_HSTS_SECONDS"] >= 31_536_000
+    assert values["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
+    assert values["X_FRAME_OPTIONS"] == "DENY"
+    assert values["formatter"] == "json"
+    assert values["csp"] is True
+    assert values["CELERY_WORKER_HIJACK_ROOT_LOGGER"] is False
+    assert values["LOGIN_FAILURE_LIMIT"] == 5
+    # Plain-HTTP paths are exactly the probes, the scrape and agents' ingest.
+    assert set(values["SECURE_REDIRECT_EXEMPT"]) == {
+        r"^healthz$",
+        r"^readyz$",
+        r"^metrics$",
+        r"^api/v1/ingest$",
+    }
+
+
+def test_production_serves_pages_over_https_with_secure_cookies() -> None:
+    """A login through the proxy (X-Forwarded-Proto: https) sets only Secure cookies."""
+    code = """
+import django
+django.setup()
+from django.test import Client
+from django.test.utils import setup_test_environment
+setup_test_environment()
+c = Client()
+plain = c.get("/accounts/login/")
+print("plain", plain.status_code, plain.get("Location", ""))
+ok = c.get("/healthz")
+print("healthz", ok.status_code)
+tls = c.get("/accounts/login/", HTTP_X_FORWARDED_PROTO="https")
+print("tls", tls.status_code, "Strict-Transport-Security" in tls.headers)
+print("csp", "script-src 'self'" in tls.headers.get("Content-Security-Policy", ""))
+for name, morsel in tls.cookies.items():
+    print("cookie", name, bool(morsel["secure"]))
+"""
+    env = production_env()
+    env.pop("DATABASE_URL", None)  # the login page needs no database; SQLite is enough
+    env.pop("REDIS_URL", None)
+    env["GPUFLEET_VAR_DIR"] = env.get("GPUFLEET_VAR_DIR", "/tmp/gpufleet-deploy-test")
+    env["ALLOWED_HOSTS"] = "testserver"
+    result = run([sys.executable, "-c", code], env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "plain 301 https://testserver/accounts/login/" in lines
+    assert "healthz 200" in lines  # exempt from the redirect
+    assert "tls 200 True" in lines
+    assert "csp True" in lines
+    cookies = [line for line in lines if line.startswith("cookie ")]
+    assert cookies and all(line.endswith(" True") for line in cookies)
