@@ -1,19 +1,50 @@
 """Period figures (DESIGN.md §3 and §7) for the dashboard, the finance API and the email.
 
-INTERFACE STUB — the signatures and dataclasses below are the contract that the dashboard,
-the finance API and the weekly report code against; the implementation is being written.
+How a figure is made, and why this way:
+- Only hourly rollups (``telemetry.HourlyUsage``) are read, never the raw table; they are
+  summed in SQL per GPU, period bucket, stored attribution (node, pool, team, site as it was
+  in that hour) and depreciation phase. The number of queries is fixed (about eight),
+  whatever the number of GPUs.
+- Capacity, offline hours and every cost come from ``billing.cost_model`` per GPU, in Python;
+  groups (node, pool, team, site, model, fleet) are sums of those per-GPU pieces, so a group's
+  figure is always the sum of its parts and ratios are ratios of sums.
+- Offline hours (capacity with no samples) belong to the GPU's *current* node, pool, team
+  and site: nothing was stored for them.
+- An owned GPU's rate drops when depreciation ends. The rollup hours are split in SQL into the
+  hours before the one that contains that moment (phase 0), that hour (1) and the hours after
+  (2); each phase has one rate, that of hour 1 being its pro-rata mean. Phase 0 is the only
+  phase of rented GPUs and of GPUs without a profile.
+- Buckets (day, ISO week, month) are in the report time zone. Rollups are UTC hours, so a zone
+  whose offset is not a whole number of hours in the query is approximated by a fixed offset
+  rounded to the hour (DESIGN.md §7).
+
 Money is Decimal in full precision (round only when shown); hours are floats.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
-from decimal import Decimal
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.db.models import Case, IntegerField, Sum, Value, When
+from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
+from django.utils import timezone
+
+from billing import breakeven as be
+from billing import cost_model as cm
+from billing.models import CostProfile
+from fleet.models import FleetSettings, Gpu, Node, Pool, Site, Team
+from telemetry.models import HourlyUsage
 
 GROUP_BY = ("gpu", "node", "pool", "team", "site", "model", "fleet")
 PERIODS = ("day", "week", "month", "all")
 THROTTLE_REASONS = ("power_cap", "thermal", "hw_slowdown", "other")
+# A GPU in service that sent nothing for this long counts as offline now (fleet summary).
+OFFLINE_NOW_AFTER = dt.timedelta(minutes=15)
+UNASSIGNED_NAME = "(none)"
 
 
 @dataclass(frozen=True)
@@ -66,6 +97,613 @@ class CostRow:
     nominal_rate_per_hour: Decimal  # capacity-weighted mean fixed rate
 
 
+# --- plain data the computation works on ----------------------------------------------------
+@dataclass(frozen=True)
+class _SiteTerms:
+    name: str | None
+    pue: Decimal
+    price_per_kwh: Decimal
+    grid_g_per_kwh: Decimal
+
+
+# A GPU with no site: PUE 1, price 0, grid 0 (DESIGN.md §3), and not priced.
+_NO_SITE = _SiteTerms(
+    name=None, pue=Decimal(1), price_per_kwh=Decimal(0), grid_g_per_kwh=Decimal(0)
+)
+
+
+@dataclass
+class _GpuInfo:
+    id: int
+    uuid: str
+    label: str
+    model_key: str
+    model_name: str
+    max_power_w: float | None
+    idle_power_w: float | None
+    node_id: int | None  # current attribution: where offline hours go
+    pool_id: int | None
+    team_id: int | None
+    site_id: int | None
+    service_start: dt.datetime | None
+    retired_at: dt.datetime | None
+    last_seen_at: dt.datetime | None
+    terms: cm.CostTerms | None
+    boundary_hour: dt.datetime | None = None  # the UTC hour depreciation ends in
+    rates: tuple[Decimal, Decimal, Decimal] = (Decimal(0), Decimal(0), Decimal(0))
+
+    @property
+    def kind(self) -> str | None:
+        return self.terms.kind if self.terms else None
+
+    def phase_intervals(self) -> list[tuple[int, dt.datetime | None, dt.datetime | None]]:
+        """(phase, from, to) with open ends as None."""
+        if self.boundary_hour is None:
+            return [(0, None, None)]
+        after = self.boundary_hour + cm.ONE_HOUR
+        return [(0, None, self.boundary_hour), (1, self.boundary_hour, after), (2, after, None)]
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    key: dt.date  # local start date of the (unclipped) day, ISO week or month
+    start: dt.datetime  # UTC, clipped to the query
+    end: dt.datetime
+    local_start: dt.datetime  # the same, in the report time zone
+    local_end: dt.datetime
+
+
+@dataclass
+class _Segment:
+    """One GPU, one bucket, one attribution, one phase: observed sums or offline hours."""
+
+    gpu: _GpuInfo
+    bucket: _Bucket
+    phase: int
+    node_id: int | None
+    pool_id: int | None
+    team_id: int | None
+    site_id: int | None
+    sums: dict[str, float] = field(default_factory=dict)
+    offline_h: Decimal = Decimal(0)
+
+
+_SUM_FIELDS = (
+    "samples",
+    "observed_s",
+    "air_s",
+    "held_s",
+    "parked_s",
+    "energy_j",
+    "idle_energy_j",
+    "idle_s",
+    "throttle_power_cap_s",
+    "throttle_thermal_s",
+    "throttle_hw_slowdown_s",
+    "throttle_other_s",
+    "throttle_any_s",
+    "sm_active_s",
+    "sm_observed_s",
+)
+
+
+@dataclass
+class _Acc:
+    """Running sums of one group over one bucket."""
+
+    gpu_ids: set[int] = field(default_factory=set)
+    capacity_h: Decimal = Decimal(0)
+    owned_capacity_h: Decimal = Decimal(0)  # not rented: their energy is paid for
+    offline_h: Decimal = Decimal(0)
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_SUM_FIELDS, 0.0))
+    energy_kwh: Decimal = Decimal(0)
+    idle_energy_kwh: Decimal = Decimal(0)
+    fixed_cost: Decimal = Decimal(0)
+    energy_cost: Decimal = Decimal(0)
+    idle_cost: Decimal = Decimal(0)
+    co2e_kg: float = 0.0
+    priced: bool = True
+    nominal_max_w_h: float = 0.0  # Σ nominal power × capacity hours, for break-even fallbacks
+    nominal_idle_w_h: float = 0.0
+    nominal_h: float = 0.0
+
+
+@dataclass
+class _Names:
+    nodes: dict[int, str]
+    pools: dict[int, str]
+    teams: dict[int, str]
+    sites: dict[int, _SiteTerms]
+
+    def site(self, site_id: int | None) -> _SiteTerms:
+        return self.sites.get(site_id, _NO_SITE) if site_id is not None else _NO_SITE
+
+
+@dataclass
+class _Computation:
+    currency: str
+    zone: dt.tzinfo
+    target_utilization: float
+    local_start: dt.datetime
+    local_end: dt.datetime
+    window_start: dt.datetime  # UTC
+    window_end: dt.datetime  # UTC, the query's end
+    now: dt.datetime
+    gpus: dict[int, _GpuInfo]
+    names: _Names
+    segments: list[_Segment]
+
+    @property
+    def capacity_end(self) -> dt.datetime:
+        return max(self.window_start, min(self.window_end, self.now))
+
+    @property
+    def window_hours(self) -> Decimal:
+        """The window's hours, cut off at now."""
+        return cm.hours_between(start=self.window_start, end=self.capacity_end)
+
+
+# --- time zone and buckets ------------------------------------------------------------------
+def _local_midnight(day: dt.date, zone: dt.tzinfo) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(), tzinfo=zone)
+
+
+def _report_zone(name: str, start: dt.date, end: dt.date) -> dt.tzinfo:
+    """The report zone, or a fixed whole-hour offset where its midnights are not on UTC hours
+    within the query (rollups are hourly, so buckets must be made of whole UTC hours)."""
+    try:
+        zone: dt.tzinfo = ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        zone = dt.UTC
+    day = start
+    while day <= end:
+        offset = _local_midnight(day, zone).utcoffset() or dt.timedelta(0)
+        if offset.total_seconds() % 3600:
+            first = _local_midnight(start, zone).utcoffset() or dt.timedelta(0)
+            hours = (Decimal(first.total_seconds()) / 3600).quantize(
+                Decimal(1), rounding=ROUND_HALF_UP
+            )
+            return dt.timezone(dt.timedelta(hours=int(hours)))
+        day += dt.timedelta(days=1)
+    return zone
+
+
+def _bucket_key(day: dt.date, period: str, start: dt.date) -> dt.date:
+    if period == "day":
+        return day
+    if period == "week":  # ISO weeks start on Monday
+        return day - dt.timedelta(days=day.weekday())
+    if period == "month":
+        return day.replace(day=1)
+    return start
+
+
+def _buckets(start: dt.date, end: dt.date, period: str, zone: dt.tzinfo) -> list[_Bucket]:
+    spans: dict[dt.date, list[dt.date]] = {}
+    day = start
+    while day < end:
+        key = _bucket_key(day, period, start)
+        span = spans.setdefault(key, [day, day])
+        span[1] = day
+        day += dt.timedelta(days=1)
+    buckets = []
+    for key, (first, last) in spans.items():
+        local_start = _local_midnight(first, zone)
+        local_end = _local_midnight(last + dt.timedelta(days=1), zone)
+        buckets.append(
+            _Bucket(
+                key=key,
+                start=local_start.astimezone(dt.UTC),
+                end=local_end.astimezone(dt.UTC),
+                local_start=local_start,
+                local_end=local_end,
+            )
+        )
+    return buckets
+
+
+def _floor_hour(moment: dt.datetime) -> dt.datetime:
+    return moment.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+
+
+# --- loading --------------------------------------------------------------------------------
+def _terms(profile: CostProfile | None) -> cm.CostTerms | None:
+    if profile is None:
+        return None
+    return cm.CostTerms(
+        kind=profile.kind,
+        purchase_price=profile.purchase_price,
+        depreciation_years=profile.depreciation_years,
+        opex_per_hour=profile.opex_per_hour,
+        rental_rate_per_hour=profile.rental_rate_per_hour,
+    )
+
+
+def _gpu_info(gpu: Gpu, profiles: dict[tuple[str, str], CostProfile], now: dt.datetime) -> _GpuInfo:
+    node = gpu.node
+    pool = node.pool if node.pool_id else None
+    site = node.site if node.site_id else (pool.site if pool is not None and pool.site_id else None)
+    team_id = gpu.team_id or (pool.team_id if pool is not None else None)
+    terms = _terms(
+        cm.cost_profile_resolve(
+            profiles=profiles,
+            gpu_uuid=gpu.uuid,
+            hostname=node.hostname,
+            pool_name=pool.name if pool is not None else None,
+            site_name=site.name if site is not None else None,
+        )
+    )
+    model = gpu.model if gpu.model_id else None
+    info = _GpuInfo(
+        id=gpu.pk,
+        uuid=gpu.uuid,
+        label=f"{node.hostname}#{gpu.index}" if gpu.index is not None else node.hostname,
+        model_key=model.key if model is not None else "",
+        model_name=model.name if model is not None else UNASSIGNED_NAME,
+        max_power_w=model.max_power_w if model is not None else None,
+        idle_power_w=model.idle_power_w if model is not None else None,
+        node_id=node.pk,
+        pool_id=pool.pk if pool is not None else None,
+        team_id=team_id,
+        site_id=site.pk if site is not None else None,
+        service_start=gpu.in_service_at or gpu.first_seen_at,
+        retired_at=gpu.retired_at,
+        last_seen_at=gpu.last_seen_at,
+        terms=terms,
+    )
+    depreciating = cm.fixed_rate_per_hour(terms=terms, depreciating=True)
+    info.rates = (depreciating, depreciating, depreciating)
+    if terms is not None and terms.owned and info.service_start is not None:
+        end = cm.depreciation_end(
+            service_start=info.service_start, depreciation_years=terms.depreciation_years
+        )
+        info.boundary_hour = _floor_hour(end)
+        hour_end = info.boundary_hour + cm.ONE_HOUR
+        # The pro-rata rate of the hour depreciation ends in, over the part of it in service.
+        span = cm.capacity_interval(
+            service_start=info.service_start,
+            retired_at=info.retired_at,
+            start=info.boundary_hour,
+            end=hour_end,
+            now=now,
+        ) or (info.boundary_hour, hour_end)
+        split = cm.mean_fixed_rate_per_hour(
+            terms=terms, service_start=info.service_start, start=span[0], end=span[1]
+        )
+        info.rates = (depreciating, split, cm.fixed_rate_per_hour(terms=terms, depreciating=False))
+    return info
+
+
+def _validate(*, start: dt.date, end: dt.date, period: str, group_by: str = "fleet") -> None:
+    if end <= start:
+        raise ValueError("end: must be after start")
+    if period not in PERIODS:
+        raise ValueError(f"period: must be one of {', '.join(PERIODS)}")
+    if group_by not in GROUP_BY:
+        raise ValueError(f"group_by: must be one of {', '.join(GROUP_BY)}")
+
+
+def _compute(
+    *, start: dt.date, end: dt.date, period: str, filters: Filters, now: dt.datetime | None
+) -> _Computation:
+    now = now or timezone.now()
+    fleet_settings = FleetSettings.load()
+    zone = _report_zone(fleet_settings.report_time_zone, start, end)
+    buckets = _buckets(start, end, period, zone)
+    local_start, local_end = _local_midnight(start, zone), _local_midnight(end, zone)
+    window_start, window_end = local_start.astimezone(dt.UTC), local_end.astimezone(dt.UTC)
+    capacity_end = max(window_start, min(window_end, now))
+
+    names = _Names(
+        nodes={},
+        pools=dict(Pool.objects.values_list("id", "name")),
+        teams=dict(Team.objects.values_list("id", "name")),
+        sites={
+            s.pk: _SiteTerms(
+                name=s.name,
+                pue=s.pue,
+                price_per_kwh=s.price_per_kwh,
+                grid_g_per_kwh=cm.to_decimal(s.grid_g_per_kwh),
+            )
+            for s in Site.objects.all()
+        },
+    )
+    profiles = {(p.scope_kind, p.scope_name): p for p in CostProfile.objects.all()}
+    gpu_qs = Gpu.objects.select_related(
+        "node__pool__site", "node__pool", "node__site", "model"
+    ).exclude(retired_at__lte=window_start)
+    if filters.models:
+        gpu_qs = gpu_qs.filter(model__key__in=filters.models)
+    if filters.gpus:
+        gpu_qs = gpu_qs.filter(uuid__in=filters.gpus)
+    gpus: dict[int, _GpuInfo] = {}
+    for gpu in gpu_qs:
+        gpus[gpu.pk] = _gpu_info(gpu, profiles, now)
+        names.nodes[gpu.node_id] = gpu.node.hostname
+
+    # The rollup sums, in SQL: per GPU, bucket, attribution (as stored) and phase.
+    by_boundary: dict[dt.datetime, list[int]] = defaultdict(list)
+    for info in gpus.values():
+        if info.boundary_hour is not None and window_start <= info.boundary_hour < capacity_end:
+            by_boundary[info.boundary_hour].append(info.id)
+    whens: list[When] = []
+    for boundary, ids in by_boundary.items():
+        whens += [
+            When(gpu_id__in=ids, hour__lt=boundary, then=Value(0)),
+            When(gpu_id__in=ids, hour=boundary, then=Value(1)),
+            When(gpu_id__in=ids, then=Value(2)),
+        ]
+    rollups = HourlyUsage.objects.filter(hour__gte=window_start, hour__lt=capacity_end)
+    if filters.models:
+        rollups = rollups.filter(gpu__model__key__in=filters.models)
+    if filters.gpus:
+        rollups = rollups.filter(gpu__uuid__in=filters.gpus)
+    group_fields = ["gpu_id", "node_id", "pool_id", "team_id", "site_id"]
+    if whens:
+        rollups = rollups.annotate(
+            phase=Case(*whens, default=Value(-1), output_field=IntegerField())
+        )
+        group_fields.append("phase")
+    if period != "all":
+        trunc = {"day": TruncDay, "week": TruncWeek, "month": TruncMonth}[period]
+        rollups = rollups.annotate(bucket=trunc("hour", tzinfo=zone))
+        group_fields.append("bucket")
+    rows = rollups.values(*group_fields).annotate(**{f: Sum(f) for f in _SUM_FIELDS}).order_by()
+
+    buckets_by_key = {b.key: b for b in buckets}
+    segments: list[_Segment] = []
+    observed_h: dict[tuple[int, dt.date, int], Decimal] = defaultdict(Decimal)
+    for row in rows:
+        owner = gpus.get(row["gpu_id"])
+        if owner is None:
+            continue
+        key = row["bucket"].astimezone(zone).date() if period != "all" else start
+        bucket = buckets_by_key.get(key)
+        if bucket is None:
+            continue
+        phase = row.get("phase", -1)
+        if phase < 0:  # no depreciation boundary within the window
+            ends = owner.boundary_hour
+            phase = 2 if ends is not None and ends < window_start else 0
+        sums = {f: float(row[f] or 0) for f in _SUM_FIELDS}
+        segments.append(
+            _Segment(
+                gpu=owner,
+                bucket=bucket,
+                phase=phase,
+                node_id=row["node_id"],
+                pool_id=row["pool_id"],
+                team_id=row["team_id"],
+                site_id=row["site_id"],
+                sums=sums,
+            )
+        )
+        observed_h[(owner.id, bucket.key, phase)] += cm.hours_from_seconds(
+            seconds=sums["observed_s"]
+        )
+
+    missing_nodes = {s.node_id for s in segments if s.node_id is not None} - names.nodes.keys()
+    if missing_nodes:  # nodes a GPU has since left
+        names.nodes.update(Node.objects.filter(pk__in=missing_nodes).values_list("id", "hostname"))
+
+    # Offline hours: calendar capacity per phase less what was observed, to the current owner.
+    for info in gpus.values():
+        for bucket in buckets:
+            span = cm.capacity_interval(
+                service_start=info.service_start,
+                retired_at=info.retired_at,
+                start=bucket.start,
+                end=bucket.end,
+                now=now,
+            )
+            if span is None:
+                continue
+            for phase, lo, hi in info.phase_intervals():
+                capacity_h = cm.hours_between(
+                    start=max(span[0], lo) if lo else span[0],
+                    end=min(span[1], hi) if hi else span[1],
+                )
+                offline_h = cm.offline_hours(
+                    capacity_hours=capacity_h,
+                    observed_hours=observed_h.get((info.id, bucket.key, phase), Decimal(0)),
+                )
+                if offline_h > 0:
+                    segments.append(
+                        _Segment(
+                            gpu=info,
+                            bucket=bucket,
+                            phase=phase,
+                            node_id=info.node_id,
+                            pool_id=info.pool_id,
+                            team_id=info.team_id,
+                            site_id=info.site_id,
+                            sums=dict.fromkeys(_SUM_FIELDS, 0.0),
+                            offline_h=offline_h,
+                        )
+                    )
+
+    segments = [s for s in segments if _segment_kept(s, filters, names)]
+    return _Computation(
+        currency=fleet_settings.currency,
+        zone=zone,
+        target_utilization=fleet_settings.target_utilization,
+        local_start=local_start,
+        local_end=local_end,
+        window_start=window_start,
+        window_end=window_end,
+        now=now,
+        gpus=gpus,
+        names=names,
+        segments=segments,
+    )
+
+
+def _kept(
+    gpu: _GpuInfo,
+    *,
+    site_id: int | None,
+    pool_id: int | None,
+    team_id: int | None,
+    filters: Filters,
+    names: _Names,
+) -> bool:
+    """Whether the filters keep this GPU with this attribution."""
+    if filters.sites and names.site(site_id).name not in filters.sites:
+        return False
+    if filters.pools and names.pools.get(pool_id or 0) not in filters.pools:
+        return False
+    if filters.teams and names.teams.get(team_id or 0) not in filters.teams:
+        return False
+    if filters.models and gpu.model_key not in filters.models:
+        return False
+    return not (filters.gpus and gpu.uuid not in filters.gpus)
+
+
+def _segment_kept(segment: _Segment, filters: Filters, names: _Names) -> bool:
+    return _kept(
+        segment.gpu,
+        site_id=segment.site_id,
+        pool_id=segment.pool_id,
+        team_id=segment.team_id,
+        filters=filters,
+        names=names,
+    )
+
+
+# --- grouping -------------------------------------------------------------------------------
+def _group(segment: _Segment, group_by: str, names: _Names) -> tuple[str, str]:
+    """(key, name) of the group a segment belongs to."""
+    gpu = segment.gpu
+    if group_by == "gpu":
+        return gpu.uuid, gpu.label
+    if group_by == "model":
+        return gpu.model_key, gpu.model_name
+    if group_by == "fleet":
+        return "fleet", "Fleet"
+    if group_by == "site":
+        found: str | None = names.site(segment.site_id).name
+    else:
+        ids = {"node": segment.node_id, "pool": segment.pool_id, "team": segment.team_id}
+        table = {"node": names.nodes, "pool": names.pools, "team": names.teams}[group_by]
+        found = table.get(ids[group_by] or 0)
+    return (found, found) if found else ("", UNASSIGNED_NAME)
+
+
+def _accumulate(acc: _Acc, segment: _Segment, names: _Names) -> None:
+    """Add one segment's hours and money to ``acc`` through the cost model."""
+    gpu, sums = segment.gpu, segment.sums
+    site = names.site(segment.site_id)
+    rate = gpu.rates[segment.phase]
+    capacity_h = cm.hours_from_seconds(seconds=sums["observed_s"]) + segment.offline_h
+    energy_kwh = cm.kwh_from_joules(energy_j=sums["energy_j"])
+    idle_energy_kwh = cm.kwh_from_joules(energy_j=sums["idle_energy_j"])
+    if capacity_h > 0:
+        acc.gpu_ids.add(gpu.id)
+    acc.capacity_h += capacity_h
+    if gpu.kind != cm.RENTED:
+        acc.owned_capacity_h += capacity_h
+    acc.offline_h += segment.offline_h
+    for name in _SUM_FIELDS:
+        acc.sums[name] += sums[name]
+    acc.energy_kwh += energy_kwh
+    acc.idle_energy_kwh += idle_energy_kwh
+    acc.fixed_cost += cm.fixed_cost_at_rate(fixed_rate_per_hour=rate, capacity_hours=capacity_h)
+    acc.energy_cost += cm.energy_cost(
+        kind=gpu.kind, energy_kwh=energy_kwh, pue=site.pue, price_per_kwh=site.price_per_kwh
+    )
+    acc.idle_cost += cm.idle_cost(
+        kind=gpu.kind,
+        fixed_rate_per_hour=rate,
+        capacity_hours=capacity_h,
+        air_hours=cm.hours_from_seconds(seconds=sums["air_s"]),
+        idle_energy_kwh=idle_energy_kwh,
+        pue=site.pue,
+        price_per_kwh=site.price_per_kwh,
+    )
+    acc.co2e_kg += cm.co2e_kg(
+        energy_kwh=energy_kwh, pue=site.pue, grid_g_per_kwh=site.grid_g_per_kwh
+    )
+    if gpu.terms is None or site.name is None:
+        acc.priced = False
+    if gpu.max_power_w is not None and gpu.idle_power_w is not None:
+        acc.nominal_max_w_h += gpu.max_power_w * float(capacity_h)
+        acc.nominal_idle_w_h += gpu.idle_power_w * float(capacity_h)
+        acc.nominal_h += float(capacity_h)
+
+
+def _hours(seconds: float) -> float:
+    return float(cm.hours_from_seconds(seconds=seconds))
+
+
+def _cost_row(
+    acc: _Acc,
+    *,
+    key: str,
+    name: str,
+    local_start: dt.datetime,
+    local_end: dt.datetime,
+    currency: str,
+) -> CostRow:
+    s = acc.sums
+    air_h = cm.hours_from_seconds(seconds=s["air_s"])
+    observed_h = cm.hours_from_seconds(seconds=s["observed_s"])
+    total = cm.total_cost(fixed_cost=acc.fixed_cost, energy_cost=acc.energy_cost)
+    return CostRow(
+        key=key,
+        name=name,
+        period_start=local_start,
+        period_end=local_end,
+        gpu_count=len(acc.gpu_ids),
+        capacity_hours=float(acc.capacity_h),
+        observed_hours=float(observed_h),
+        air_hours=float(air_h),
+        held_hours=_hours(s["held_s"]),
+        parked_hours=_hours(s["parked_s"]),
+        offline_hours=float(acc.offline_h),
+        utilization=cm.utilization(air_hours=air_h, capacity_hours=acc.capacity_h),
+        hours_in_air_per_day=cm.hours_in_air_per_day(
+            air_hours=air_h, capacity_hours=acc.capacity_h
+        ),
+        energy_kwh=float(acc.energy_kwh),
+        idle_energy_kwh=float(acc.idle_energy_kwh),
+        energy_per_gpu_hour_kwh=cm.energy_per_gpu_hour_kwh(
+            energy_kwh=acc.energy_kwh, observed_hours=observed_h
+        ),
+        kwh_per_air_hour=cm.kwh_per_air_hour(energy_kwh=acc.energy_kwh, air_hours=air_h),
+        fixed_cost=acc.fixed_cost,
+        energy_cost=acc.energy_cost,
+        total_cost=total,
+        idle_cost=acc.idle_cost,
+        cost_per_air_hour=cm.cost_per_air_hour(total_cost=total, air_hours=air_h),
+        co2e_kg=acc.co2e_kg,
+        throttled_hours=_hours(s["throttle_any_s"]),
+        throttled_power_cap_hours=_hours(s["throttle_power_cap_s"]),
+        throttled_thermal_hours=_hours(s["throttle_thermal_s"]),
+        throttled_hw_slowdown_hours=_hours(s["throttle_hw_slowdown_s"]),
+        throttled_other_hours=_hours(s["throttle_other_s"]),
+        work_utilization=(
+            s["sm_active_s"] / s["sm_observed_s"] if s["sm_observed_s"] > 0 else None
+        ),
+        priced=acc.priced,
+        currency=currency,
+        nominal_rate_per_hour=acc.fixed_cost / acc.capacity_h if acc.capacity_h > 0 else Decimal(0),
+    )
+
+
+def _grouped(
+    computation: _Computation, group_by: str
+) -> dict[tuple[_Bucket, str], tuple[str, _Acc]]:
+    groups: dict[tuple[_Bucket, str], tuple[str, _Acc]] = {}
+    for segment in computation.segments:
+        key, name = _group(segment, group_by, computation.names)
+        entry = groups.get((segment.bucket, key))
+        if entry is None:
+            entry = groups[(segment.bucket, key)] = (name, _Acc())
+        _accumulate(entry[1], segment, computation.names)
+    return groups
+
+
+# --- public ---------------------------------------------------------------------------------
 def cost_rows(
     *,
     start: dt.date,
@@ -78,9 +716,26 @@ def cost_rows(
     """Rows per group and period over [start, end) (dates in the report time zone).
 
     Ordered by period_start, then key. Reads hourly rollups only (never the raw table); the
-    number of queries does not grow with the number of GPUs.
+    number of queries does not grow with the number of GPUs. Raises ValueError naming a bad
+    argument.
     """
-    raise NotImplementedError
+    _validate(start=start, end=end, period=period, group_by=group_by)
+    computation = _compute(
+        start=start, end=end, period=period, filters=filters or Filters(), now=now
+    )
+    rows = [
+        _cost_row(
+            acc,
+            key=key,
+            name=name,
+            local_start=bucket.local_start,
+            local_end=bucket.local_end,
+            currency=computation.currency,
+        )
+        for (bucket, key), (name, acc) in _grouped(computation, group_by).items()
+    ]
+    rows.sort(key=lambda r: (r.period_start, r.key))
+    return rows
 
 
 @dataclass
@@ -93,10 +748,64 @@ class FleetSummary:
     gpus_offline_now: int  # in service, no sample in the last 15 minutes
 
 
+def _fleet_acc(computation: _Computation) -> _Acc:
+    acc = _Acc()
+    for segment in computation.segments:
+        _accumulate(acc, segment, computation.names)
+    return acc
+
+
 def fleet_summary(
     *, start: dt.date, end: dt.date, filters: Filters | None = None, now: dt.datetime | None = None
 ) -> FleetSummary:
-    raise NotImplementedError
+    """The fleet row over [start, end), recoverable GPUs and money, GPUs in service now."""
+    _validate(start=start, end=end, period="all")
+    filters = filters or Filters()
+    computation = _compute(start=start, end=end, period="all", filters=filters, now=now)
+    acc = _fleet_acc(computation)
+    row = _cost_row(
+        acc,
+        key="fleet",
+        name="Fleet",
+        local_start=computation.local_start,
+        local_end=computation.local_end,
+        currency=computation.currency,
+    )
+    recoverable = cm.recoverable_gpus(
+        capacity_hours=acc.capacity_h,
+        air_hours=cm.hours_from_seconds(seconds=acc.sums["air_s"]),
+        period_hours=computation.window_hours,
+        target_utilization=computation.target_utilization,
+    )
+    in_service = offline_now = 0
+    current = computation.now
+    for info in computation.gpus.values():
+        if not _kept(
+            info,
+            site_id=info.site_id,
+            pool_id=info.pool_id,
+            team_id=info.team_id,
+            filters=filters,
+            names=computation.names,
+        ):
+            continue
+        if info.service_start is None or info.service_start > current:
+            continue
+        if info.retired_at is not None and info.retired_at <= current:
+            continue
+        in_service += 1
+        if info.last_seen_at is None or info.last_seen_at < current - OFFLINE_NOW_AFTER:
+            offline_now += 1
+    return FleetSummary(
+        row=row,
+        target_utilization=computation.target_utilization,
+        recoverable_gpus=recoverable,
+        recoverable_money_per_year=cm.recoverable_money_per_year(
+            recoverable_gpus=recoverable, mean_fixed_rate_per_hour=row.nominal_rate_per_hour
+        ),
+        gpus_in_service=in_service,
+        gpus_offline_now=offline_now,
+    )
 
 
 @dataclass
@@ -123,6 +832,42 @@ class BreakevenResult:
     rent_breakeven_utilization: float | None
     rental_rate_per_hour: Decimal | None
     curve: list[tuple[float, Decimal]]  # (u, own cost per Mtok) at u = 0.05, 0.10, … 1.00
+    owned_share: float = 1.0  # of the pool's capacity hours; scales PUE × price in C(u)
+    capacity_hours: float = 0.0  # the pool's, in the window (cut off at now)
+
+
+def _power_kw(energy_j: float, seconds: float) -> Decimal:
+    return cm.to_decimal(energy_j) / cm.to_decimal(seconds) / 1000
+
+
+def _api_price(
+    *,
+    api_price_per_mtok: Decimal | None,
+    api_input_price_per_mtok: Decimal | None,
+    api_output_price_per_mtok: Decimal | None,
+    output_share: float | None,
+) -> Decimal:
+    if api_price_per_mtok is not None:
+        if api_price_per_mtok < 0:
+            raise ValueError("api_price_per_mtok: must be ≥ 0")
+        return api_price_per_mtok
+    parts = (api_input_price_per_mtok, api_output_price_per_mtok, output_share)
+    if any(p is None for p in parts):
+        raise ValueError(
+            "api_price_per_mtok: required, or api_input_price_per_mtok, "
+            "api_output_price_per_mtok and output_share together"
+        )
+    assert api_input_price_per_mtok is not None and api_output_price_per_mtok is not None
+    assert output_share is not None
+    if api_input_price_per_mtok < 0:
+        raise ValueError("api_input_price_per_mtok: must be ≥ 0")
+    if api_output_price_per_mtok < 0:
+        raise ValueError("api_output_price_per_mtok: must be ≥ 0")
+    return be.blended_api_price_per_mtok(
+        input_price_per_mtok=api_input_price_per_mtok,
+        output_price_per_mtok=api_output_price_per_mtok,
+        output_share=output_share,
+    )
 
 
 def breakeven_compute(
@@ -139,4 +884,110 @@ def breakeven_compute(
     now: dt.datetime | None = None,
 ) -> BreakevenResult:
     """Raises LookupError for an unknown pool, ValueError naming the bad argument."""
-    raise NotImplementedError
+    _validate(start=start, end=end, period="all")
+    if not tokens_per_s > 0:
+        raise ValueError("tokens_per_s: must be > 0")
+    if rental_rate_per_hour is not None and rental_rate_per_hour < 0:
+        raise ValueError("rental_rate_per_hour: must be ≥ 0")
+    api_price = _api_price(
+        api_price_per_mtok=api_price_per_mtok,
+        api_input_price_per_mtok=api_input_price_per_mtok,
+        api_output_price_per_mtok=api_output_price_per_mtok,
+        output_share=output_share,
+    )
+    pool_obj = Pool.objects.filter(name=pool).first()
+    if pool_obj is None:
+        raise LookupError(f"pool: no pool named {pool!r}")
+    computation = _compute(
+        start=start, end=end, period="all", filters=Filters(pools=(pool,)), now=now
+    )
+    acc = _fleet_acc(computation)
+    s = acc.sums
+    members = [g for g in computation.gpus.values() if g.pool_id == pool_obj.pk]
+
+    # P_act, P_idle from the rollups' seconds above and below the active threshold; the GPU
+    # models' nominal power (capacity-weighted, else a plain mean) where there are none.
+    def nominal(attr: str) -> Decimal:
+        if acc.nominal_h > 0:
+            total = acc.nominal_max_w_h if attr == "max_power_w" else acc.nominal_idle_w_h
+            return cm.to_decimal(total / acc.nominal_h) / 1000
+        powers = [getattr(g, attr) for g in members if getattr(g, attr) is not None]
+        return cm.to_decimal(sum(powers) / len(powers)) / 1000 if powers else Decimal(0)
+
+    active_s = s["observed_s"] - s["idle_s"]
+    p_active = (
+        _power_kw(s["energy_j"] - s["idle_energy_j"], active_s)
+        if active_s > 0
+        else nominal("max_power_w")
+    )
+    p_idle = (
+        _power_kw(s["idle_energy_j"], s["idle_s"]) if s["idle_s"] > 0 else nominal("idle_power_w")
+    )
+
+    # PUE and tariff: the pool's site; else that of its GPUs' current site.
+    site = computation.names.site(pool_obj.site_id)
+    if pool_obj.site_id is None:
+        site = next(
+            (computation.names.site(g.site_id) for g in members if g.site_id is not None), _NO_SITE
+        )
+    capacity_h = acc.capacity_h
+    fixed_rate = acc.fixed_cost / capacity_h if capacity_h > 0 else Decimal(0)
+    owned_share = acc.owned_capacity_h / capacity_h if capacity_h > 0 else Decimal(1)
+    economics = be.pool_economics(
+        fixed_rate_per_hour=fixed_rate,
+        p_active_kw=p_active,
+        p_idle_kw=p_idle,
+        pue=site.pue,
+        price_per_kwh=site.price_per_kwh,
+        owned_share=owned_share,
+    )
+    air_h = cm.hours_from_seconds(seconds=s["air_s"])
+    measured_u = air_h / capacity_h if capacity_h > 0 else None
+    if measured_u is not None:
+        month = be.monthly_comparison(
+            economics=economics,
+            utilization=measured_u,
+            tokens_per_s=tokens_per_s,
+            api_price_per_mtok=api_price,
+            capacity_hours=capacity_h,
+            window_hours=computation.window_hours,
+        )
+        own_month, api_month, savings = month.own_cost, month.api_cost, month.savings
+        own_per_mtok = be.own_cost_per_mtok(
+            economics=economics, utilization=measured_u, tokens_per_s=tokens_per_s
+        )
+    else:
+        own_month = api_month = savings = Decimal(0)
+        own_per_mtok = None
+    return BreakevenResult(
+        pool=pool,
+        currency=computation.currency,
+        window_start=computation.local_start,
+        window_end=computation.local_end,
+        tokens_per_s=tokens_per_s,
+        api_price_per_mtok=api_price,
+        fixed_rate_per_hour=fixed_rate,
+        p_active_kw=float(p_active),
+        p_idle_kw=float(p_idle),
+        pue=float(site.pue),
+        price_per_kwh=site.price_per_kwh,
+        utilization=float(measured_u) if measured_u is not None else None,
+        breakeven_utilization=be.breakeven_utilization(
+            economics=economics, api_price_per_mtok=api_price, tokens_per_s=tokens_per_s
+        ),
+        own_cost_per_mtok=own_per_mtok,
+        own_cost_per_month=own_month,
+        api_cost_per_month=api_month,
+        savings_per_month=savings,
+        rent_breakeven_utilization=(
+            be.rent_breakeven_utilization(
+                economics=economics, rental_rate_per_hour=rental_rate_per_hour
+            )
+            if rental_rate_per_hour is not None
+            else None
+        ),
+        rental_rate_per_hour=rental_rate_per_hour,
+        curve=be.cost_curve(economics=economics, tokens_per_s=tokens_per_s),
+        owned_share=float(owned_share),
+        capacity_hours=float(capacity_h),
+    )

@@ -1,0 +1,311 @@
+"""The cost formulas of DESIGN.md §3, once: pure functions over plain data, no ORM.
+
+Every part of the product that shows a cost (selectors, dashboard, finance API, weekly email,
+benchmarks) calls these and never re-derives them. Money is ``Decimal`` in full precision and is
+rounded (``money_round``) only when shown or exported. Names carry their units. Hours and
+energies arrive as floats from the rollups and are turned into ``Decimal`` through their
+shortest ``repr`` (``to_decimal``), so 4.95 kWh is priced as 4.95, not as its binary expansion.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from typing import TypeVar
+
+# Depreciation years are Julian years of 365.25 days: 8,766 hours (DESIGN.md §3).
+HOURS_PER_YEAR = Decimal(8766)
+SECONDS_PER_HOUR = Decimal(3600)
+JOULES_PER_KWH = Decimal(3_600_000)
+HOURS_PER_DAY = Decimal(24)
+GRAMS_PER_KG = Decimal(1000)
+CENT = Decimal("0.01")
+ONE_HOUR = dt.timedelta(hours=1)
+
+OWNED = "owned"
+RENTED = "rented"
+SCOPE_ORDER = ("gpu", "node", "pool", "site")  # most specific first
+
+Number = Decimal | float | int
+T = TypeVar("T")
+
+
+def to_decimal(value: Number) -> Decimal:
+    """A number as ``Decimal``; a float through its shortest repr (0.1 → Decimal("0.1"))."""
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"not a finite number: {value!r}")
+        return Decimal(repr(value))
+    return Decimal(value)
+
+
+def money_round(amount: Decimal) -> Decimal:
+    """Half-up to cents: only for display and export, never inside a computation."""
+    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+# --- units ----------------------------------------------------------------------------------
+def hours_from_seconds(*, seconds: Number) -> Decimal:
+    return to_decimal(seconds) / SECONDS_PER_HOUR
+
+
+def kwh_from_joules(*, energy_j: Number) -> Decimal:
+    return to_decimal(energy_j) / JOULES_PER_KWH
+
+
+def hours_between(*, start: dt.datetime, end: dt.datetime) -> Decimal:
+    """Exact length of ``[start, end)`` in hours (0 when empty), to the microsecond."""
+    if end <= start:
+        return Decimal(0)
+    delta = end - start
+    seconds = Decimal(delta.days * 86_400 + delta.seconds) + Decimal(delta.microseconds) / 10**6
+    return seconds / SECONDS_PER_HOUR
+
+
+def _timedelta_from_hours(hours: Decimal) -> dt.timedelta:
+    microseconds = (hours * SECONDS_PER_HOUR * 10**6).to_integral_value(rounding=ROUND_HALF_UP)
+    return dt.timedelta(microseconds=int(microseconds))
+
+
+# --- cost profiles --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CostTerms:
+    """How one GPU is paid for, as plain data (a ``billing.models.CostProfile`` without ORM).
+
+    ``kind`` is ``"owned"`` (purchase price depreciated linearly over ``depreciation_years``
+    of 8,766 h, plus opex per hour) or ``"rented"`` (a rate per GPU-hour, energy included).
+    """
+
+    kind: str
+    purchase_price: Decimal = Decimal(0)
+    depreciation_years: Decimal = Decimal(5)
+    opex_per_hour: Decimal = Decimal(0)
+    rental_rate_per_hour: Decimal = Decimal(0)
+
+    @property
+    def owned(self) -> bool:
+        return self.kind == OWNED
+
+    @property
+    def depreciation_hours(self) -> Decimal:
+        return self.depreciation_years * HOURS_PER_YEAR
+
+
+def cost_profile_resolve(
+    *,
+    profiles: Mapping[tuple[str, str], T],
+    gpu_uuid: str,
+    hostname: str | None,
+    pool_name: str | None,
+    site_name: str | None,
+) -> T | None:
+    """The profile of the most specific scope that has one: gpu > node > pool > site.
+
+    ``profiles`` maps ``(scope_kind, scope_name)`` (e.g. ``("pool", "training")``) to anything.
+    """
+    for scope_kind, scope_name in zip(
+        SCOPE_ORDER, (gpu_uuid, hostname, pool_name, site_name), strict=True
+    ):
+        if scope_name:
+            found = profiles.get((scope_kind, scope_name))
+            if found is not None:
+                return found
+    return None
+
+
+# --- the fixed rate and its integral --------------------------------------------------------
+def depreciation_end(*, service_start: dt.datetime, depreciation_years: Decimal) -> dt.datetime:
+    """The moment an owned GPU is fully depreciated: ``service_start + years × 8,766 h``."""
+    return service_start + _timedelta_from_hours(depreciation_years * HOURS_PER_YEAR)
+
+
+def fixed_rate_per_hour(*, terms: CostTerms | None, depreciating: bool = True) -> Decimal:
+    """Owned: ``purchase / (years × 8,766) + opex`` while depreciating, else ``opex``.
+    Rented: the rental rate. No profile: 0."""
+    if terms is None:
+        return Decimal(0)
+    if not terms.owned:
+        return terms.rental_rate_per_hour
+    if depreciating and terms.depreciation_hours > 0:
+        return terms.purchase_price / terms.depreciation_hours + terms.opex_per_hour
+    return terms.opex_per_hour
+
+
+def fixed_cost(
+    *,
+    terms: CostTerms | None,
+    service_start: dt.datetime | None,
+    start: dt.datetime,
+    end: dt.datetime,
+) -> Decimal:
+    """The fixed cost of being in service over ``[start, end)``: the rate integrated exactly.
+
+    The rate of an owned GPU drops to opex at ``depreciation_end``; an interval containing that
+    moment is split there, so the hour that contains it is priced pro rata. Without a known
+    service start an owned GPU is taken to be depreciating.
+    """
+    hours = hours_between(start=start, end=end)
+    if terms is None or hours == 0:
+        return Decimal(0)
+    if not terms.owned or service_start is None:
+        return fixed_rate_per_hour(terms=terms) * hours
+    boundary = depreciation_end(
+        service_start=service_start, depreciation_years=terms.depreciation_years
+    )
+    depreciating_hours = hours_between(start=start, end=min(end, boundary))
+    return fixed_rate_per_hour(
+        terms=terms, depreciating=True
+    ) * depreciating_hours + fixed_rate_per_hour(terms=terms, depreciating=False) * (
+        hours - depreciating_hours
+    )
+
+
+def mean_fixed_rate_per_hour(
+    *,
+    terms: CostTerms | None,
+    service_start: dt.datetime | None,
+    start: dt.datetime,
+    end: dt.datetime,
+) -> Decimal:
+    """The mean rate over ``[start, end)``: the pro-rata rate of the hour depreciation ends in."""
+    hours = hours_between(start=start, end=end)
+    if hours == 0:
+        return Decimal(0)
+    return fixed_cost(terms=terms, service_start=service_start, start=start, end=end) / hours
+
+
+def fixed_cost_at_rate(*, fixed_rate_per_hour: Decimal, capacity_hours: Number) -> Decimal:
+    """``fixed_rate × capacity hours`` over a stretch where the rate is constant."""
+    return fixed_rate_per_hour * to_decimal(capacity_hours)
+
+
+# --- capacity -------------------------------------------------------------------------------
+def capacity_interval(
+    *,
+    service_start: dt.datetime | None,
+    retired_at: dt.datetime | None,
+    start: dt.datetime,
+    end: dt.datetime,
+    now: dt.datetime,
+) -> tuple[dt.datetime, dt.datetime] | None:
+    """The part of ``[start, end)`` the GPU is in service: from its service start to its
+    retirement, never past ``now``. ``None`` when empty or the GPU has no service start."""
+    if service_start is None:
+        return None
+    lo = max(start, service_start)
+    hi = min(end, now)
+    if retired_at is not None:
+        hi = min(hi, retired_at)
+    return (lo, hi) if lo < hi else None
+
+
+def offline_hours(*, capacity_hours: Number, observed_hours: Number) -> Decimal:
+    """Capacity we paid for and know nothing about; never below 0."""
+    return max(Decimal(0), to_decimal(capacity_hours) - to_decimal(observed_hours))
+
+
+# --- energy, totals, idle -------------------------------------------------------------------
+def energy_cost(
+    *, kind: str | None, energy_kwh: Number, pue: Number, price_per_kwh: Number
+) -> Decimal:
+    """``kWh × PUE × price`` for owned GPUs (and for GPUs with no profile, priced at their
+    site's tariff); 0 for rented ones, whose rate includes energy."""
+    if kind == RENTED:
+        return Decimal(0)
+    return to_decimal(energy_kwh) * to_decimal(pue) * to_decimal(price_per_kwh)
+
+
+def total_cost(*, fixed_cost: Decimal, energy_cost: Decimal) -> Decimal:
+    return fixed_cost + energy_cost
+
+
+def idle_fixed_cost(
+    *, fixed_rate_per_hour: Decimal, capacity_hours: Number, air_hours: Number
+) -> Decimal:
+    """``fixed_rate × (capacity − air)``: offline hours included, they were paid for."""
+    return fixed_rate_per_hour * (to_decimal(capacity_hours) - to_decimal(air_hours))
+
+
+def idle_cost(
+    *,
+    kind: str | None,
+    fixed_rate_per_hour: Decimal,
+    capacity_hours: Number,
+    air_hours: Number,
+    idle_energy_kwh: Number,
+    pue: Number,
+    price_per_kwh: Number,
+) -> Decimal:
+    """``fixed_rate × (capacity − air) + idle kWh × PUE × price`` (energy: owned GPUs only)."""
+    return idle_fixed_cost(
+        fixed_rate_per_hour=fixed_rate_per_hour,
+        capacity_hours=capacity_hours,
+        air_hours=air_hours,
+    ) + energy_cost(kind=kind, energy_kwh=idle_energy_kwh, pue=pue, price_per_kwh=price_per_kwh)
+
+
+def cost_per_air_hour(*, total_cost: Decimal, air_hours: Number) -> Decimal | None:
+    """What one hour of real GPU work cost; ``None`` without air hours."""
+    air = to_decimal(air_hours)
+    return total_cost / air if air > 0 else None
+
+
+def co2e_kg(*, energy_kwh: Number, pue: Number, grid_g_per_kwh: Number) -> float:
+    """``kWh × PUE × grid g/kWh / 1000``, for owned and rented GPUs alike."""
+    grams = to_decimal(energy_kwh) * to_decimal(pue) * to_decimal(grid_g_per_kwh)
+    return float(grams / GRAMS_PER_KG)
+
+
+# --- ratios ---------------------------------------------------------------------------------
+def utilization(*, air_hours: Number, capacity_hours: Number) -> float | None:
+    """Air hours / capacity hours (a fraction); ``None`` without capacity."""
+    capacity = to_decimal(capacity_hours)
+    return float(to_decimal(air_hours) / capacity) if capacity > 0 else None
+
+
+def hours_in_air_per_day(*, air_hours: Number, capacity_hours: Number) -> float | None:
+    """Air hours / (capacity hours / 24): the airline's block-hours figure."""
+    capacity = to_decimal(capacity_hours)
+    if capacity <= 0:
+        return None
+    return float(to_decimal(air_hours) / (capacity / HOURS_PER_DAY))
+
+
+def energy_per_gpu_hour_kwh(*, energy_kwh: Number, observed_hours: Number) -> float | None:
+    observed = to_decimal(observed_hours)
+    return float(to_decimal(energy_kwh) / observed) if observed > 0 else None
+
+
+def kwh_per_air_hour(*, energy_kwh: Number, air_hours: Number) -> float | None:
+    air = to_decimal(air_hours)
+    return float(to_decimal(energy_kwh) / air) if air > 0 else None
+
+
+# --- recoverable capacity -------------------------------------------------------------------
+def recoverable_gpus(
+    *,
+    capacity_hours: Number,
+    air_hours: Number,
+    period_hours: Number,
+    target_utilization: Number,
+) -> float:
+    """``(capacity − air / T) / period hours``, not below 0: GPU-equivalents the same work
+    would not need at the target utilisation ``T``."""
+    period = to_decimal(period_hours)
+    target = to_decimal(target_utilization)
+    if period <= 0 or target <= 0:
+        return 0.0
+    spare = (to_decimal(capacity_hours) - to_decimal(air_hours) / target) / period
+    return float(max(Decimal(0), spare))
+
+
+def recoverable_money_per_year(
+    *, recoverable_gpus: Number, mean_fixed_rate_per_hour: Decimal
+) -> Decimal:
+    """Recoverable GPUs × the capacity-weighted mean fixed rate × 8,766 h."""
+    return to_decimal(recoverable_gpus) * mean_fixed_rate_per_hour * HOURS_PER_YEAR
