@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
@@ -48,3 +49,47 @@ class CostProfile(models.Model):
     @property
     def scope(self) -> str:
         return f"{self.scope_kind}:{self.scope_name}"
+
+
+class WeeklyReport(models.Model):
+    """One delivery of the weekly report: one ISO week to one audience.
+
+    ``audience`` is ``""`` for the regular list (opted-in users plus
+    ``WEEKLY_REPORT_RECIPIENTS``) or the one address given to ``send_weekly_report --to``.
+    The row is claimed with a compare-and-swap on ``claimed_at``/``sent_at`` (healthchecks'
+    pattern), so two beat processes, a retried task and a second command send it once.
+    """
+
+    week = models.CharField(max_length=8, help_text="ISO week, e.g. 2026-W48")
+    audience = models.CharField(max_length=254, blank=True, default="")
+    week_start = models.DateField(help_text="Monday of the week, in the report time zone")
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    recipients_count = models.PositiveIntegerField(default=0)
+    subject = models.CharField(max_length=255, blank=True)
+    with_chart = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-week_start", "audience"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["week", "audience"], name="billing_report_week_audience"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.week} → {self.audience or 'list'}"
+
+
+class ReportSubscription(models.Model):
+    """A person's choice to receive the weekly report (by email, at their account address)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="report_subscription"
+    )
+    opted_in = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} ({'in' if self.opted_in else 'out'})"

@@ -31,5 +31,6 @@ urlpatterns = [
     path("api/v1/", include("telemetry.api.urls")),
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("billing.api.urls")),
+    path("reports/", include("billing.report_urls")),
     path("", include("billing.urls")),
 ]

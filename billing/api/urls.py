@@ -1,3 +1,15 @@
-from django.urls import URLPattern, URLResolver
+"""Finance endpoints under /api/v1/."""
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from django.urls import URLPattern, URLResolver, path
+from rest_framework.routers import SimpleRouter
+
+from billing.api import views
+
+router = SimpleRouter(trailing_slash=False)
+router.register("cost-profiles", views.CostProfileViewSet, basename="cost-profile")
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("costs", views.CostsView.as_view(), name="api-costs"),
+    path("breakeven", views.BreakevenView.as_view(), name="api-breakeven"),
+    *router.urls,
+]

@@ -1,0 +1,436 @@
+"""Finance API shapes: query parameters, cost rows, break-even, cost profiles.
+
+Cost rows leave the server through one function, ``cost_row_data``, for JSON and CSV alike;
+``CostRowSerializer`` only documents that shape in the OpenAPI schema (a test keeps the two in
+step). Money is rounded half-up to cents only here, at the edge (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from rest_framework import serializers
+
+from billing.cost_model import money_round
+from billing.models import CostProfile
+from billing.selectors import PERIODS, BreakevenResult, CostRow
+from fleet.models import FleetSettings, GpuModel, Node, Pool, Site, Team
+
+MICRO = Decimal("0.000001")
+HOURS_DECIMALS = 6
+# The widest range one request may ask for: three years of daily rows is what a chargeback
+# export needs; more is a mistake or an attack on the server's time.
+MAX_RANGE_DAYS = 3 * 366
+API_GROUP_BY = ("gpu", "node", "pool", "team", "site", "model", "fleet")
+
+
+def money_str(value: Decimal | None) -> str | None:
+    """Money as shown and exported: two decimals, rounded half-up (never banker's rounding)."""
+    if value is None:
+        return None
+    return str(money_round(value))
+
+
+def rate_str(value: Decimal | None) -> str | None:
+    """A price per unit (per hour, per kWh, per million tokens): six decimals, half-up."""
+    if value is None:
+        return None
+    return str(value.quantize(MICRO, rounding=ROUND_HALF_UP))
+
+
+def num(value: float | None, places: int = HOURS_DECIMALS) -> float | None:
+    """A measured quantity (hours, kWh, a fraction) rounded for the wire; NaN never leaves."""
+    if value is None or not math.isfinite(value):
+        return None
+    return round(float(value), places)
+
+
+def report_zone(fleet_settings: FleetSettings) -> ZoneInfo:
+    """The report time zone (days, weeks and months of the API and the email); UTC if the
+    stored name is unknown to this machine's tz database."""
+    try:
+        return ZoneInfo(fleet_settings.report_time_zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        return ZoneInfo("UTC")
+
+
+def iso(value: dt.datetime, zone: ZoneInfo) -> str:
+    """ISO 8601 with the offset of the report time zone, e.g. 2026-11-02T00:00:00+01:00."""
+    return value.astimezone(zone).isoformat()
+
+
+# --- Cost rows ---------------------------------------------------------------------------------
+
+COST_COLUMNS: tuple[str, ...] = (
+    "key",
+    "name",
+    "period_start",
+    "period_end",
+    "gpu_count",
+    "capacity_hours",
+    "observed_hours",
+    "air_hours",
+    "held_hours",
+    "parked_hours",
+    "offline_hours",
+    "utilization",
+    "hours_in_air_per_day",
+    "energy_kwh",
+    "idle_energy_kwh",
+    "energy_per_gpu_hour_kwh",
+    "kwh_per_air_hour",
+    "co2e_kg",
+    "currency",
+    "fixed_cost",
+    "energy_cost",
+    "total_cost",
+    "idle_cost",
+    "cost_per_air_hour",
+    "priced",
+    "throttled_hours",
+    "throttled_power_cap_hours",
+    "throttled_thermal_hours",
+    "throttled_hw_slowdown_hours",
+    "throttled_other_hours",
+    "work_utilization",
+)
+# Cells that carry names people typed (GPU, team, pool… names): escaped in CSV.
+COST_TEXT_COLUMNS = frozenset({"key", "name", "currency"})
+_FLOAT_FIELDS = (
+    "capacity_hours",
+    "observed_hours",
+    "air_hours",
+    "held_hours",
+    "parked_hours",
+    "offline_hours",
+    "utilization",
+    "hours_in_air_per_day",
+    "energy_kwh",
+    "idle_energy_kwh",
+    "energy_per_gpu_hour_kwh",
+    "kwh_per_air_hour",
+    "co2e_kg",
+    "throttled_hours",
+    "throttled_power_cap_hours",
+    "throttled_thermal_hours",
+    "throttled_hw_slowdown_hours",
+    "throttled_other_hours",
+    "work_utilization",
+)
+_MONEY_FIELDS = ("fixed_cost", "energy_cost", "total_cost", "idle_cost", "cost_per_air_hour")
+
+
+def cost_row_data(row: CostRow, *, zone: ZoneInfo) -> dict[str, Any]:
+    """One selector row as the API shows it (JSON) and exports it (CSV)."""
+    data: dict[str, Any] = {
+        "key": row.key,
+        "name": row.name,
+        "period_start": iso(row.period_start, zone),
+        "period_end": iso(row.period_end, zone),
+        "gpu_count": row.gpu_count,
+        "currency": row.currency,
+        "priced": row.priced,
+    }
+    for name in _FLOAT_FIELDS:
+        data[name] = num(getattr(row, name))
+    for name in _MONEY_FIELDS:
+        data[name] = money_str(getattr(row, name))
+    return {column: data[column] for column in COST_COLUMNS}
+
+
+class CommaListField(serializers.ListField):
+    """A filter given as repeated parameters (``?team=a&team=b``), comma-separated
+    (``?team=a,b``) or both."""
+
+    child = serializers.CharField(max_length=255)
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        if isinstance(data, str):
+            data = [data]
+        values: list[str] = super().to_internal_value(data)
+        names: list[str] = []
+        for value in values:
+            names += [part.strip() for part in value.split(",") if part.strip()]
+        return list(dict.fromkeys(names))
+
+
+def _known(value: list[str], model: Any, field: str, what: str) -> list[str]:
+    """Unknown names are an error, not an empty export: a typo must not look like zero cost."""
+    found = set(model.objects.filter(**{f"{field}__in": value}).values_list(field, flat=True))
+    missing = [v for v in value if v not in found]
+    if missing:
+        raise serializers.ValidationError(f"unknown {what}: {', '.join(missing)}")
+    return value
+
+
+class RangeQuerySerializer(serializers.Serializer[Any]):
+    start = serializers.DateField(
+        required=False,
+        help_text="First day (YYYY-MM-DD, report time zone). Default: first day of this month.",
+    )
+    end = serializers.DateField(
+        required=False,
+        help_text="Day after the last day (exclusive). Default: tomorrow (month to date).",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        today: dt.date = self.context["today"]
+        end = attrs.get("end") or today + dt.timedelta(days=1)
+        start = attrs.get("start") or today.replace(day=1)
+        if "start" not in attrs and start >= end:
+            start = end - dt.timedelta(days=1)
+        if start >= end:
+            raise serializers.ValidationError({"end": ["must be after start (end is exclusive)"]})
+        if (end - start).days > MAX_RANGE_DAYS:
+            raise serializers.ValidationError(
+                {"start": [f"the range may span at most {MAX_RANGE_DAYS} days"]}
+            )
+        attrs["start"], attrs["end"] = start, end
+        return attrs
+
+
+class CostsQuerySerializer(RangeQuerySerializer):
+    group_by = serializers.ChoiceField(
+        choices=API_GROUP_BY,
+        default="gpu",
+        help_text="One row per GPU (UUID), node (hostname), pool, team, site, model, or the fleet.",
+    )
+    period = serializers.ChoiceField(
+        choices=PERIODS,
+        default="all",
+        help_text="Buckets: day, ISO week (from Monday), calendar month, or the whole range.",
+    )
+    site = CommaListField(required=False, help_text="Site names (repeat or comma-separate).")
+    pool = CommaListField(required=False, help_text="Pool names.")
+    team = CommaListField(required=False, help_text="Team names.")
+    model = CommaListField(required=False, help_text="GPU model keys, e.g. H100-SXM.")
+
+    def validate_site(self, value: list[str]) -> list[str]:
+        return _known(value, Site, "name", "site")
+
+    def validate_pool(self, value: list[str]) -> list[str]:
+        return _known(value, Pool, "name", "pool")
+
+    def validate_team(self, value: list[str]) -> list[str]:
+        return _known(value, Team, "name", "team")
+
+    def validate_model(self, value: list[str]) -> list[str]:
+        return _known(value, GpuModel, "key", "model")
+
+
+class CostRowSerializer(serializers.Serializer[Any]):
+    """Documents one cost row (what ``cost_row_data`` produces); money is a decimal string."""
+
+    key = serializers.CharField(help_text="GPU UUID, hostname, or pool/team/site/model name")
+    name = serializers.CharField()
+    period_start = serializers.DateTimeField(help_text="ISO 8601 with offset; clipped to query")
+    period_end = serializers.DateTimeField()
+    gpu_count = serializers.IntegerField()
+    capacity_hours = serializers.FloatField()
+    observed_hours = serializers.FloatField()
+    air_hours = serializers.FloatField()
+    held_hours = serializers.FloatField()
+    parked_hours = serializers.FloatField()
+    offline_hours = serializers.FloatField()
+    utilization = serializers.FloatField(allow_null=True, help_text="air / capacity hours, 0–1")
+    hours_in_air_per_day = serializers.FloatField(allow_null=True)
+    energy_kwh = serializers.FloatField()
+    idle_energy_kwh = serializers.FloatField()
+    energy_per_gpu_hour_kwh = serializers.FloatField(allow_null=True)
+    kwh_per_air_hour = serializers.FloatField(allow_null=True)
+    co2e_kg = serializers.FloatField()
+    currency = serializers.CharField(help_text="ISO 4217 code of every money field")
+    fixed_cost = serializers.DecimalField(max_digits=20, decimal_places=2)
+    energy_cost = serializers.DecimalField(max_digits=20, decimal_places=2)
+    total_cost = serializers.DecimalField(max_digits=20, decimal_places=2)
+    idle_cost = serializers.DecimalField(max_digits=20, decimal_places=2)
+    cost_per_air_hour = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True)
+    priced = serializers.BooleanField(help_text="false: a GPU without cost profile or site")
+    throttled_hours = serializers.FloatField()
+    throttled_power_cap_hours = serializers.FloatField()
+    throttled_thermal_hours = serializers.FloatField()
+    throttled_hw_slowdown_hours = serializers.FloatField()
+    throttled_other_hours = serializers.FloatField()
+    work_utilization = serializers.FloatField(allow_null=True)
+
+
+class CostPageSerializer(serializers.Serializer[Any]):
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = CostRowSerializer(many=True)
+
+
+# --- Break-even --------------------------------------------------------------------------------
+
+
+class _FiniteFloatField(serializers.FloatField):
+    def to_internal_value(self, data: Any) -> float:
+        value = float(super().to_internal_value(data))
+        if not math.isfinite(value):
+            raise serializers.ValidationError("must be a finite number")
+        return value
+
+
+def _price(help_text: str) -> serializers.DecimalField:
+    return serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal("0"),
+        required=False,
+        help_text=help_text,
+    )
+
+
+class BreakevenQuerySerializer(RangeQuerySerializer):
+    pool = serializers.CharField(max_length=100, help_text="Pool name")
+    tokens_per_s = _FiniteFloatField(
+        min_value=0.000001, help_text="Tokens per second one GPU of the pool serves at full load"
+    )
+    api_price_per_mtok = _price("Blended API price per million tokens")
+    api_input_price_per_mtok = _price("API price per million input tokens")
+    api_output_price_per_mtok = _price("API price per million output tokens")
+    output_share = _FiniteFloatField(
+        min_value=0, max_value=1, required=False, help_text="Share of tokens that are output"
+    )
+    rental_rate_per_hour = _price("On-demand rental rate per GPU-hour to compare with")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        split = ("api_input_price_per_mtok", "api_output_price_per_mtok", "output_share")
+        given = [k for k in split if k in attrs]
+        if "api_price_per_mtok" in attrs:
+            if given:
+                raise serializers.ValidationError(
+                    {
+                        "api_price_per_mtok": [
+                            "give a blended price or input/output prices, not both"
+                        ]
+                    }
+                )
+        elif len(given) != len(split):
+            missing = [k for k in split if k not in attrs] if given else ["api_price_per_mtok"]
+            raise serializers.ValidationError(
+                {
+                    k: [
+                        "required: api_price_per_mtok, or api_input_price_per_mtok, "
+                        "api_output_price_per_mtok and output_share"
+                    ]
+                    for k in missing
+                }
+            )
+        return attrs
+
+
+class CurvePointSerializer(serializers.Serializer[Any]):
+    utilization = serializers.FloatField()
+    own_cost_per_mtok = serializers.DecimalField(max_digits=20, decimal_places=6, allow_null=True)
+
+
+class BreakevenSerializer(serializers.Serializer[Any]):
+    """Documents the break-even answer. Rates (per hour, kWh, million tokens) carry six
+    decimals; monthly amounts two."""
+
+    pool = serializers.CharField()
+    currency = serializers.CharField()
+    window_start = serializers.DateTimeField()
+    window_end = serializers.DateTimeField()
+    tokens_per_s = serializers.FloatField()
+    api_price_per_mtok = serializers.DecimalField(max_digits=20, decimal_places=6)
+    fixed_rate_per_hour = serializers.DecimalField(max_digits=20, decimal_places=6)
+    p_active_kw = serializers.FloatField()
+    p_idle_kw = serializers.FloatField()
+    pue = serializers.FloatField()
+    price_per_kwh = serializers.DecimalField(max_digits=20, decimal_places=6)
+    utilization = serializers.FloatField(allow_null=True)
+    breakeven_utilization = serializers.FloatField(
+        allow_null=True, help_text="null: owning never beats this API price"
+    )
+    own_cost_per_mtok = serializers.DecimalField(max_digits=20, decimal_places=6, allow_null=True)
+    own_cost_per_month = serializers.DecimalField(max_digits=20, decimal_places=2)
+    api_cost_per_month = serializers.DecimalField(max_digits=20, decimal_places=2)
+    savings_per_month = serializers.DecimalField(
+        max_digits=20, decimal_places=2, help_text="API − own; positive: owning is cheaper"
+    )
+    rental_rate_per_hour = serializers.DecimalField(
+        max_digits=20, decimal_places=6, allow_null=True
+    )
+    rent_breakeven_utilization = serializers.FloatField(allow_null=True)
+    curve = CurvePointSerializer(many=True)
+
+
+def breakeven_data(result: BreakevenResult, *, zone: ZoneInfo) -> dict[str, Any]:
+    return {
+        "pool": result.pool,
+        "currency": result.currency,
+        "window_start": iso(result.window_start, zone),
+        "window_end": iso(result.window_end, zone),
+        "tokens_per_s": num(result.tokens_per_s),
+        "api_price_per_mtok": rate_str(result.api_price_per_mtok),
+        "fixed_rate_per_hour": rate_str(result.fixed_rate_per_hour),
+        "p_active_kw": num(result.p_active_kw),
+        "p_idle_kw": num(result.p_idle_kw),
+        "pue": num(result.pue),
+        "price_per_kwh": rate_str(result.price_per_kwh),
+        "utilization": num(result.utilization),
+        "breakeven_utilization": num(result.breakeven_utilization),
+        "own_cost_per_mtok": rate_str(result.own_cost_per_mtok),
+        "own_cost_per_month": money_str(result.own_cost_per_month),
+        "api_cost_per_month": money_str(result.api_cost_per_month),
+        "savings_per_month": money_str(result.savings_per_month),
+        "rental_rate_per_hour": rate_str(result.rental_rate_per_hour),
+        "rent_breakeven_utilization": num(result.rent_breakeven_utilization),
+        "curve": [
+            {"utilization": num(u), "own_cost_per_mtok": rate_str(cost)} for u, cost in result.curve
+        ],
+    }
+
+
+# --- Cost profiles -----------------------------------------------------------------------------
+
+
+class CostProfileSerializer(serializers.ModelSerializer[CostProfile]):
+    scope = serializers.CharField(read_only=True, help_text="kind:name, as in the fleet file")
+
+    class Meta:
+        model = CostProfile
+        fields = [
+            "id",
+            "scope",
+            "scope_kind",
+            "scope_name",
+            "kind",
+            "purchase_price",
+            "depreciation_years",
+            "opex_per_hour",
+            "rental_rate_per_hour",
+        ]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        def value(name: str) -> Any:
+            if name in attrs:
+                return attrs[name]
+            if self.instance is not None:
+                return getattr(self.instance, name)
+            return CostProfile._meta.get_field(name).get_default()  # type: ignore[union-attr]
+
+        if value("kind") == "owned" and value("depreciation_years") <= 0:
+            raise serializers.ValidationError({"depreciation_years": ["must be > 0 when owned"]})
+        scope_kind, scope_name = value("scope_kind"), value("scope_name")
+        # A GPU may be priced before its agent first reports it; the other scopes must exist.
+        scope_models: dict[str, tuple[Any, str]] = {
+            "node": (Node, "hostname"),
+            "pool": (Pool, "name"),
+            "site": (Site, "name"),
+        }
+        if scope_kind in scope_models:
+            model, field = scope_models[scope_kind]
+            if not model.objects.filter(**{field: scope_name}).exists():
+                raise serializers.ValidationError(
+                    {"scope_name": [f"no {scope_kind} named {scope_name!r}"]}
+                )
+        return attrs

@@ -1,0 +1,224 @@
+"""Finance API (DESIGN.md §7): costs as JSON or streamed CSV, break-even, cost profiles.
+
+Views are thin: every figure comes from ``billing.selectors``, the same functions the dashboard
+and the weekly email call, and is only rounded here for the wire.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from django.http import StreamingHttpResponse
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import viewsets
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import selectors
+from billing.api.csv import CsvRenderer, csv_stream
+from billing.api.filters import CostProfileFilterSet
+from billing.api.serializers import (
+    COST_COLUMNS,
+    COST_TEXT_COLUMNS,
+    BreakevenQuerySerializer,
+    BreakevenSerializer,
+    CostPageSerializer,
+    CostProfileSerializer,
+    CostsQuerySerializer,
+    breakeven_data,
+    cost_row_data,
+    report_zone,
+)
+from billing.models import CostProfile
+from fleet.api.views import ProtectedDeleteMixin
+from fleet.models import FleetSettings
+from fleet.permissions import CanViewCosts, CanViewCostsOrManageWrites
+
+_ERRORS = {
+    400: OpenApiResponse(description="A bad parameter; the body names it"),
+    401: OpenApiResponse(description="No or an invalid token / session"),
+    403: OpenApiResponse(description="Authenticated, but not finance or admin"),
+}
+
+
+def period_chunks(start: dt.date, end: dt.date, period: str) -> Iterator[tuple[dt.date, dt.date]]:
+    """Split [start, end) into sub-ranges whose edges are period edges, so that computing each
+    sub-range alone gives exactly the rows of the whole (a bucket never straddles two chunks).
+
+    Days and months: calendar months. Weeks: four ISO weeks, cut on Mondays. ``all``: one
+    chunk, since its one row per group needs the whole range (and is small: one per group).
+    """
+    if period == "all":
+        yield start, end
+        return
+    cursor = start
+    while cursor < end:
+        if period == "week":
+            monday = cursor - dt.timedelta(days=cursor.weekday())
+            edge = monday + dt.timedelta(weeks=4)
+        else:
+            edge = (cursor.replace(day=1) + dt.timedelta(days=32)).replace(day=1)
+        nxt = min(edge, end)
+        yield cursor, nxt
+        cursor = nxt
+
+
+def cost_rows_chunked(
+    *, start: dt.date, end: dt.date, group_by: str, period: str, filters: selectors.Filters
+) -> Iterator[selectors.CostRow]:
+    """The rows of ``selectors.cost_rows`` over [start, end) in the same order (period_start,
+    then key), computed one month (or four weeks) at a time. Only one chunk's rows are in
+    memory at once: a year of daily rows for 1,000 GPUs is ~31,000 rows per chunk, not
+    365,000."""
+    for chunk_start, chunk_end in period_chunks(start, end, period):
+        yield from selectors.cost_rows(
+            start=chunk_start, end=chunk_end, group_by=group_by, period=period, filters=filters
+        )
+
+
+class CostRowPagination(LimitOffsetPagination):
+    """Limit/offset over a stream of rows: counts them all (for ``count``) but keeps only the
+    page. The order is the selectors' (period_start, key), so pages are stable."""
+
+    max_limit = 10_000
+
+    def paginate_iterable(self, rows: Iterable[Any], request: Request) -> list[Any]:
+        self.request = request
+        limit = self.get_limit(request)
+        self.limit = limit if limit is not None else (self.default_limit or 100)
+        self.offset = self.get_offset(request)
+        page: list[Any] = []
+        count = 0
+        for row in rows:
+            if self.offset <= count < self.offset + self.limit:
+                page.append(row)
+            count += 1
+        self.count = count
+        return page
+
+
+class FinanceAPIView(APIView):
+    """Money endpoints: finance or admin, by API token or session."""
+
+    permission_classes = [CanViewCosts]
+    renderer_classes = [JSONRenderer]
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        # Errors are JSON even when CSV was asked for: a client must be able to read them.
+        renderer = getattr(request, "accepted_renderer", None)
+        if isinstance(response, Response) and response.status_code >= 400 and renderer:
+            if getattr(renderer, "format", None) != "json":
+                request.accepted_renderer = JSONRenderer()
+                request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)
+
+    def clock(self) -> tuple[FleetSettings, Any, dt.date]:
+        fleet_settings = FleetSettings.load()
+        zone = report_zone(fleet_settings)
+        return fleet_settings, zone, timezone.now().astimezone(zone).date()
+
+
+class CostsView(FinanceAPIView):
+    renderer_classes = [JSONRenderer, CsvRenderer]
+
+    @extend_schema(
+        operation_id="costs_list",
+        summary="Usage and cost rows per group and period",
+        description=(
+            "One row per group and period over [start, end) (dates in the report time zone). "
+            "JSON is paginated (limit/offset; stable order: period_start, key). CSV "
+            "(`format=csv` or `Accept: text/csv`) streams every row with the same columns. "
+            "Money fields are decimal strings with two decimals, rounded half-up, in "
+            "`currency`."
+        ),
+        parameters=[
+            CostsQuerySerializer,
+            OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
+            OpenApiParameter("limit", OpenApiTypes.INT, description="Rows per page (JSON)"),
+            OpenApiParameter("offset", OpenApiTypes.INT, description="First row (JSON)"),
+        ],
+        responses={
+            (200, "application/json"): CostPageSerializer,
+            (200, "text/csv"): OpenApiTypes.STR,
+            **_ERRORS,
+        },
+        tags=["finance"],
+    )
+    def get(self, request: Request) -> Any:
+        fleet_settings, zone, today = self.clock()
+        query = CostsQuerySerializer(data=request.query_params, context={"today": today})
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        filters = selectors.Filters(
+            sites=tuple(params.get("site", ())),
+            pools=tuple(params.get("pool", ())),
+            teams=tuple(params.get("team", ())),
+            models=tuple(params.get("model", ())),
+        )
+        rows = cost_rows_chunked(
+            start=params["start"],
+            end=params["end"],
+            group_by=params["group_by"],
+            period=params["period"],
+            filters=filters,
+        )
+        if request.accepted_renderer.format == "csv":
+            lines = csv_stream(
+                (cost_row_data(row, zone=zone) for row in rows),
+                columns=COST_COLUMNS,
+                text_columns=COST_TEXT_COLUMNS,
+            )
+            response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+            filename = "costs_{}_{}_{}_{}.csv".format(
+                params["start"], params["end"], params["group_by"], params["period"]
+            )
+            response["Content-Disposition"] = f'attachment; filename="{filename}"'
+            return response
+        paginator = CostRowPagination()
+        page = paginator.paginate_iterable(rows, request)
+        return paginator.get_paginated_response([cost_row_data(r, zone=zone) for r in page])
+
+
+class BreakevenView(FinanceAPIView):
+    @extend_schema(
+        operation_id="breakeven_retrieve",
+        summary="Break-even of owning a pool against an API price (and renting)",
+        parameters=[BreakevenQuerySerializer],
+        responses={
+            200: BreakevenSerializer,
+            **_ERRORS,
+            404: OpenApiResponse(description="No pool of that name"),
+        },
+        tags=["finance"],
+    )
+    def get(self, request: Request) -> Response:
+        _, zone, today = self.clock()
+        query = BreakevenQuerySerializer(data=request.query_params, context={"today": today})
+        query.is_valid(raise_exception=True)
+        params = dict(query.validated_data)
+        try:
+            result = selectors.breakeven_compute(**params)
+        except LookupError:
+            return Response({"pool": [f"no pool named {params['pool']!r}"]}, status=404)
+        except ValueError as exc:
+            message = str(exc)
+            field = next((name for name in query.fields if message.startswith(str(name))), None)
+            return Response({field: [message]} if field else {"detail": message}, status=400)
+        return Response(breakeven_data(result, zone=zone))
+
+
+class CostProfileViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet[CostProfile]):
+    """How GPUs are paid for (owned or rented), per GPU, node, pool or site. The next
+    ``fleet_apply`` makes the profiles exactly those of the fleet file again."""
+
+    queryset = CostProfile.objects.order_by("scope_kind", "scope_name", "pk")
+    serializer_class = CostProfileSerializer
+    filterset_class = CostProfileFilterSet
+    permission_classes = [CanViewCostsOrManageWrites]

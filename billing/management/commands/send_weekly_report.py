@@ -1,0 +1,52 @@
+"""``manage.py send_weekly_report [--to ADDRESS] [--week YYYY-Www]`` (DESIGN.md §7)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.validators import validate_email
+
+from billing.report import (
+    last_complete_week,
+    report_now,
+    week_label,
+    week_parse,
+    weekly_report_send,
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Render and send the weekly report (default: the last complete ISO week in the report "
+        "time zone) to opted-in users plus WEEKLY_REPORT_RECIPIENTS, or with --to to that one "
+        "address instead. Each week goes to each audience once, however often it is asked for."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--to", metavar="ADDRESS", help="Send to this address only")
+        parser.add_argument("--week", metavar="YYYY-Www", help="ISO week, e.g. 2026-W45")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        to = options.get("to")
+        if to:
+            try:
+                validate_email(to)
+            except ValidationError as exc:
+                raise CommandError(f"--to: not an email address: {to!r}") from exc
+        if options.get("week"):
+            try:
+                week_start = week_parse(options["week"])
+            except ValueError as exc:
+                raise CommandError(f"--{exc}") from exc
+            local, _ = report_now()
+            if week_start + dt.timedelta(weeks=1) > local.date():
+                raise CommandError(
+                    f"--week: {week_label(week_start)} has not ended yet in the report time zone"
+                )
+        else:
+            week_start = last_complete_week()
+        result = weekly_report_send(week_start=week_start, to=to)
+        self.stdout.write(result.message)

@@ -1,0 +1,619 @@
+"""The weekly email report: what it says (``weekly_report_build``), how it looks
+(``weekly_report_render``) and how it is delivered exactly once (``weekly_report_send``).
+
+Every figure comes from ``billing.selectors`` and is formatted by the finance API's own
+functions (``billing.api.serializers``), so the email, the API and the dashboard agree to the
+cent for the same week.
+
+Exactly once: each (ISO week, audience) has one ``WeeklyReport`` row. A sender first claims it
+with a compare-and-swap, ``UPDATE … SET claimed_at = now WHERE sent_at IS NULL AND (claimed_at
+IS NULL OR claimed_at < now − 1 h)``, and sends only if that changed exactly one row (the
+pattern healthchecks uses for its monthly reports). Two beat processes, a retried task and a
+second ``send_weekly_report`` therefore send it once. A claim whose sender died is taken over
+after an hour; a failure before the first message went out releases the claim for a retry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from email.mime.image import MIMEImage
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import EmailMultiAlternatives, get_connection
+from django.db.models import Q
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from billing import report_chart, selectors
+from billing.api.serializers import money_str, report_zone
+from billing.models import WeeklyReport
+from fleet.models import FleetSettings, Gpu, Pool
+
+logger = logging.getLogger(__name__)
+
+WEEK_RE = re.compile(r"^(\d{4})-W(\d{2})$")
+TOP_N = 10
+TREND_WEEKS = 4
+# A claim older than this belongs to a sender that died mid-way: take it over.
+CLAIM_TIMEOUT = dt.timedelta(hours=1)
+CHART_CID = "trend-chart@gpufleet"
+OFFLINE_NOW_AFTER = dt.timedelta(minutes=15)
+
+
+# --- weeks ------------------------------------------------------------------------------------
+
+
+def week_label(week_start: dt.date) -> str:
+    year, week, _ = week_start.isocalendar()
+    return f"{year}-W{week:02d}"
+
+
+def week_parse(value: str) -> dt.date:
+    """``2026-W45`` → the Monday of that ISO week; ValueError for anything else."""
+    match = WEEK_RE.match(value.strip())
+    if not match:
+        raise ValueError(f"week: expected YYYY-Www (e.g. 2026-W45), got {value!r}")
+    try:
+        return dt.date.fromisocalendar(int(match[1]), int(match[2]), 1)
+    except ValueError as exc:
+        raise ValueError(f"week: no such ISO week {value!r}") from exc
+
+
+def report_now(now: dt.datetime | None = None) -> tuple[dt.datetime, ZoneInfo]:
+    zone = report_zone(FleetSettings.load())
+    return (now or timezone.now()).astimezone(zone), zone
+
+
+def last_complete_week(now: dt.datetime | None = None) -> dt.date:
+    """Monday of the last ISO week that has ended, in the report time zone."""
+    local, _ = report_now(now)
+    this_monday = local.date() - dt.timedelta(days=local.weekday())
+    return this_monday - dt.timedelta(weeks=1)
+
+
+def week_due(now: dt.datetime | None = None) -> dt.date | None:
+    """The week the beat job should deliver now: last week, once this week's configured
+    weekday and hour (report time zone) have come. ``None`` before that moment.
+
+    Checked every hour, so a beat that was down at the configured hour catches up at the
+    next one; the compare-and-swap keeps it to one delivery.
+    """
+    local, zone = report_now(now)
+    this_monday = local.date() - dt.timedelta(days=local.weekday())
+    due_at = dt.datetime.combine(
+        this_monday + dt.timedelta(days=settings.WEEKLY_REPORT_WEEKDAY % 7),
+        dt.time(hour=min(max(settings.WEEKLY_REPORT_HOUR, 0), 23)),
+        tzinfo=zone,
+    )
+    if local < due_at:
+        return None
+    return this_monday - dt.timedelta(weeks=1)
+
+
+# --- content ----------------------------------------------------------------------------------
+
+
+def pct(value: float | None, places: int = 1) -> str:
+    return "—" if value is None else f"{value * 100:.{places}f} %"
+
+
+def money(value: Decimal | None, currency: str) -> str:
+    return "—" if value is None else f"{currency} {money_str(value)}"
+
+
+@dataclass
+class Headline:
+    """One headline figure, this week against last."""
+
+    label: str
+    value: str
+    previous: str
+    change: str  # "+2.5 pp", "−12.0 %", "—"
+    trend: str  # "up", "down" or "" (flat / not comparable)
+    good: bool | None  # whether the change is good news (None: neutral)
+
+
+def _change(
+    current: float | Decimal | None,
+    previous: float | Decimal | None,
+    *,
+    points: bool = False,
+    higher_is_better: bool | None = None,
+) -> tuple[str, str, bool | None]:
+    if current is None or previous is None:
+        return "—", "", None
+    cur, prev = float(current), float(previous)
+    if points:  # utilisation: the change in percentage points is what people compare
+        delta = (cur - prev) * 100
+        text = f"{delta:+.1f} pp"
+    else:
+        if prev == 0:
+            return ("new" if cur else "—"), ("up" if cur else ""), None
+        delta = (cur - prev) / abs(prev) * 100
+        text = f"{delta:+.1f} %"
+    if round(delta, 1) == 0:
+        return text.replace("+", "±").replace("-", "±"), "", None
+    trend = "up" if delta > 0 else "down"
+    good = None if higher_is_better is None else (delta > 0) == higher_is_better
+    return text.replace("-", "−"), trend, good
+
+
+def _headline(
+    label: str,
+    value: str,
+    previous: str,
+    current_raw: Any,
+    previous_raw: Any,
+    **kwargs: Any,
+) -> Headline:
+    change, trend, good = _change(current_raw, previous_raw, **kwargs)
+    return Headline(label, value, previous, change, trend, good)
+
+
+def headlines(row: selectors.CostRow, prev: selectors.CostRow) -> list[Headline]:
+    cur = row.currency
+    return [
+        _headline(
+            "Utilisation",
+            pct(row.utilization),
+            pct(prev.utilization),
+            row.utilization,
+            prev.utilization,
+            points=True,
+            higher_is_better=True,
+        ),
+        _headline(
+            "Hours in the air per GPU per day",
+            _hours(row.hours_in_air_per_day),
+            _hours(prev.hours_in_air_per_day),
+            row.hours_in_air_per_day,
+            prev.hours_in_air_per_day,
+            higher_is_better=True,
+        ),
+        _headline(
+            "Total cost",
+            money(row.total_cost, cur),
+            money(prev.total_cost, cur),
+            row.total_cost,
+            prev.total_cost,
+        ),
+        _headline(
+            "Idle cost",
+            money(row.idle_cost, cur),
+            money(prev.idle_cost, cur),
+            row.idle_cost,
+            prev.idle_cost,
+            higher_is_better=False,
+        ),
+        _headline(
+            "Cost per air hour",
+            money(row.cost_per_air_hour, cur),
+            money(prev.cost_per_air_hour, cur),
+            row.cost_per_air_hour,
+            prev.cost_per_air_hour,
+            higher_is_better=False,
+        ),
+        _headline(
+            "Energy",
+            f"{row.energy_kwh:,.2f} kWh",
+            f"{prev.energy_kwh:,.2f} kWh",
+            row.energy_kwh,
+            prev.energy_kwh,
+        ),
+        _headline(
+            "CO2e",
+            f"{row.co2e_kg:,.2f} kg",
+            f"{prev.co2e_kg:,.2f} kg",
+            row.co2e_kg,
+            prev.co2e_kg,
+            higher_is_better=False,
+        ),
+    ]
+
+
+def _hours(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} h"
+
+
+@dataclass
+class BarRow:
+    """A table row with a bar: the row, its share of the largest value (0–100)."""
+
+    row: selectors.CostRow
+    bar_pct: int
+    idle_cost: str
+    total_cost: str
+    utilization: str
+    extra: str = ""
+
+
+def _bars(rows: Sequence[selectors.CostRow], *, value: Any, currency: str) -> list[BarRow]:
+    top = max((float(value(r)) for r in rows), default=0.0)
+    out = []
+    for r in rows:
+        share = float(value(r)) / top if top > 0 else 0.0
+        out.append(
+            BarRow(
+                row=r,
+                # Never 0 %: Outlook draws a zero-width cell at its content width.
+                bar_pct=max(1, min(100, round(share * 100))),
+                idle_cost=money(r.idle_cost, currency),
+                total_cost=money(r.total_cost, currency),
+                utilization=pct(r.utilization),
+            )
+        )
+    return out
+
+
+@dataclass
+class PoolStatus:
+    pool: str
+    utilization: str
+    breakeven: str
+    status: str  # "own" (owning pays), "api" (the API would be cheaper), "never", "idle"
+    verdict: str
+    savings_per_month: str
+
+
+@dataclass
+class OfflineGpu:
+    name: str
+    uuid: str
+    offline_hours: float
+    offline_now: bool
+    last_seen: str
+
+
+@dataclass
+class WeeklyReportData:
+    week: str
+    week_start: dt.date
+    week_end: dt.date  # exclusive
+    currency: str
+    row: selectors.CostRow  # the fleet over the week
+    previous: selectors.CostRow  # the fleet over the week before
+    gpus_in_service: int
+    gpus_offline_now: int
+    headlines: list[Headline]
+    top_gpus: list[BarRow]
+    top_teams: list[BarRow]
+    throttled_gpus: list[BarRow]
+    throttle_reasons: list[tuple[str, str]]
+    pools: list[PoolStatus]
+    offline: list[OfflineGpu]
+    trend: list[selectors.CostRow]  # daily fleet rows for the trend chart
+    breakeven_assumptions: str = ""
+    dashboard_url: str = ""
+    subscription_url: str = ""
+    subject: str = ""
+
+    @property
+    def last_day(self) -> dt.date:
+        return self.week_end - dt.timedelta(days=1)
+
+
+def _pool_statuses(
+    *, start: dt.date, end: dt.date, now: dt.datetime
+) -> tuple[list[PoolStatus], str]:
+    """Break-even of every pool over the week, with the dashboard's default workload (the
+    break-even page's initial values), so the email and that page agree."""
+    from billing.forms import BreakevenForm
+
+    statuses: list[PoolStatus] = []
+    assumptions = ""
+    for pool in Pool.objects.order_by("name").values_list("name", flat=True):
+        form = BreakevenForm(BreakevenForm.initial_query(pool))
+        if not form.is_valid():
+            continue
+        d = form.cleaned_data
+        blended = d.get("price_mode") == "blended"
+        try:
+            result = selectors.breakeven_compute(
+                pool=pool,
+                start=start,
+                end=end,
+                tokens_per_s=d["tokens_per_s"],
+                api_price_per_mtok=d.get("api_price_per_mtok") if blended else None,
+                api_input_price_per_mtok=None if blended else d["api_input_price_per_mtok"],
+                api_output_price_per_mtok=None if blended else d["api_output_price_per_mtok"],
+                output_share=None if blended else d["output_share"],
+                now=now,
+            )
+        except (LookupError, ValueError):
+            logger.warning("weekly report: break-even of pool %s failed", pool, exc_info=True)
+            continue
+        cur = result.currency
+        assumptions = (
+            f"{d['tokens_per_s']:,.0f} tokens/s per GPU, API "
+            f"{cur} {result.api_price_per_mtok.quantize(Decimal('0.001'))} per million tokens"
+        )
+        u, u_star = result.utilization, result.breakeven_utilization
+        if not result.capacity_hours or u is None:
+            status, verdict = "idle", "no GPU in service this week"
+        elif u_star is None:
+            status, verdict = "never", "the API is cheaper at any utilisation"
+        elif u >= u_star:
+            status, verdict = "own", "owning pays off"
+        else:
+            status, verdict = "api", "the API would have been cheaper"
+        statuses.append(
+            PoolStatus(
+                pool=pool,
+                utilization=pct(u),
+                breakeven=pct(u_star),
+                status=status,
+                verdict=verdict,
+                savings_per_month=money(result.savings_per_month, cur),
+            )
+        )
+    return statuses, assumptions
+
+
+def _offline(
+    gpu_rows: Sequence[selectors.CostRow], *, now: dt.datetime, zone: ZoneInfo
+) -> list[OfflineGpu]:
+    """GPUs that were offline during the week (most hours first), and whether they still are."""
+    rows = sorted(
+        (r for r in gpu_rows if r.offline_hours > 0), key=lambda r: (-r.offline_hours, r.key)
+    )[:TOP_N]
+    seen = dict(
+        Gpu.objects.filter(uuid__in=[r.key for r in rows]).values_list("uuid", "last_seen_at")
+    )
+    out = []
+    for r in rows:
+        last = seen.get(r.key)
+        out.append(
+            OfflineGpu(
+                name=r.name,
+                uuid=r.key,
+                offline_hours=round(r.offline_hours, 1),
+                offline_now=last is None or last < now - OFFLINE_NOW_AFTER,
+                last_seen=last.astimezone(zone).strftime("%Y-%m-%d %H:%M") if last else "never",
+            )
+        )
+    return out
+
+
+def weekly_report_build(*, week_start: dt.date, now: dt.datetime | None = None) -> WeeklyReportData:
+    """Everything the report says about the ISO week starting ``week_start`` (a Monday)."""
+    now = now or timezone.now()
+    _, zone = report_now(now)
+    end = week_start + dt.timedelta(weeks=1)
+    prev_start = week_start - dt.timedelta(weeks=1)
+    summary = selectors.fleet_summary(start=week_start, end=end, now=now)
+    previous = selectors.fleet_summary(start=prev_start, end=week_start, now=now)
+    row, cur = summary.row, summary.row.currency
+
+    gpu_rows = selectors.cost_rows(start=week_start, end=end, group_by="gpu", now=now)
+    team_rows = selectors.cost_rows(start=week_start, end=end, group_by="team", now=now)
+    by_idle = sorted(gpu_rows, key=lambda r: (-r.idle_cost, r.key))
+    by_idle = [r for r in by_idle if r.idle_cost > 0][:TOP_N]
+    teams = sorted(team_rows, key=lambda r: (-r.idle_cost, r.key))
+    teams = [r for r in teams if r.idle_cost > 0][:TOP_N]
+    throttled = sorted(
+        (r for r in gpu_rows if r.throttled_hours > 0), key=lambda r: (-r.throttled_hours, r.key)
+    )[:5]
+    throttled_bars = _bars(throttled, value=lambda r: r.throttled_hours, currency=cur)
+    for bar in throttled_bars:
+        bar.extra = f"{bar.row.throttled_hours:.1f} h"
+    reasons = [
+        ("Power cap", f"{row.throttled_power_cap_hours:.1f} h"),
+        ("Thermal", f"{row.throttled_thermal_hours:.1f} h"),
+        ("Hardware slowdown", f"{row.throttled_hw_slowdown_hours:.1f} h"),
+        ("Other", f"{row.throttled_other_hours:.1f} h"),
+    ]
+    pools, assumptions = _pool_statuses(start=week_start, end=end, now=now)
+    trend = selectors.cost_rows(
+        start=end - dt.timedelta(weeks=TREND_WEEKS),
+        end=end,
+        group_by="fleet",
+        period="day",
+        now=now,
+    )
+    data = WeeklyReportData(
+        week=week_label(week_start),
+        week_start=week_start,
+        week_end=end,
+        currency=cur,
+        row=row,
+        previous=previous.row,
+        gpus_in_service=summary.gpus_in_service,
+        gpus_offline_now=summary.gpus_offline_now,
+        headlines=headlines(row, previous.row),
+        top_gpus=_bars(by_idle, value=lambda r: r.idle_cost, currency=cur),
+        top_teams=_bars(teams, value=lambda r: r.idle_cost, currency=cur),
+        throttled_gpus=throttled_bars,
+        throttle_reasons=reasons,
+        pools=pools,
+        offline=_offline(gpu_rows, now=now, zone=zone),
+        trend=trend,
+        breakeven_assumptions=assumptions,
+        dashboard_url=f"{settings.SITE_URL}/",
+        subscription_url=f"{settings.SITE_URL}/reports/weekly/subscription/",
+    )
+    data.subject = (
+        render_to_string("emails/weekly_report.subject.txt", {"r": data, "h": data.headlines})
+        .strip()
+        .replace("\n", " ")
+    )
+    return data
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+@dataclass
+class Rendered:
+    subject: str
+    text: str
+    html: str
+    chart_png: bytes | None
+
+
+def weekly_report_render(
+    data: WeeklyReportData,
+    *,
+    with_chart: bool = True,
+    inline_chart_src: Callable[[bytes], str] | None = None,
+) -> Rendered:
+    """Subject, plain text and HTML. The HTML shows the chart from ``cid:`` (email) or from
+    ``inline_chart_src`` (a data: URI, for the browser preview)."""
+    png = report_chart.trend_png(data.trend, currency=data.currency) if with_chart else None
+    chart_src = None
+    if png is not None:
+        chart_src = inline_chart_src(png) if inline_chart_src else f"cid:{CHART_CID}"
+    context = {"r": data, "h": data.headlines, "chart_src": chart_src, "subject": data.subject}
+    return Rendered(
+        subject=data.subject,
+        text=render_to_string("emails/weekly_report.txt", context),
+        html=render_to_string("emails/weekly_report.html", context),
+        chart_png=png,
+    )
+
+
+def weekly_report_messages(
+    rendered: Rendered, recipients: Sequence[str]
+) -> list[EmailMultiAlternatives]:
+    """One message per recipient (nobody sees the list): multipart/alternative text + HTML,
+    wrapped in multipart/related with the chart as an inline image when there is one."""
+    messages = []
+    for address in recipients:
+        message = EmailMultiAlternatives(
+            subject=rendered.subject,
+            body=rendered.text,
+            from_email=settings.DEFAULT_FROM_EMAIL,
+            to=[address],
+        )
+        message.attach_alternative(rendered.html, "text/html")
+        if rendered.chart_png is not None:
+            message.mixed_subtype = "related"  # type: ignore[attr-defined]
+            image = MIMEImage(rendered.chart_png, "png")
+            image.add_header("Content-ID", f"<{CHART_CID}>")
+            image.add_header("Content-Disposition", "inline", filename="trend.png")
+            message.attach(image)
+        messages.append(message)
+    return messages
+
+
+# --- delivery ---------------------------------------------------------------------------------
+
+
+def weekly_report_recipients() -> list[str]:
+    """Users who opted in and may see money (finance, admin: the report shows costs), then
+    ``WEEKLY_REPORT_RECIPIENTS``; each address once, case-insensitively."""
+    users = (
+        get_user_model()
+        .objects.filter(report_subscription__opted_in=True, is_active=True)
+        .exclude(email="")
+        .order_by("pk")
+    )
+    addresses = [u.email for u in users if u.has_perm("fleet.view_costs")]
+    addresses += list(settings.WEEKLY_REPORT_RECIPIENTS)
+    seen: dict[str, str] = {}
+    for address in addresses:
+        address = address.strip()
+        if address and address.lower() not in seen:
+            seen[address.lower()] = address
+    return list(seen.values())
+
+
+@dataclass
+class SendResult:
+    week: str
+    status: str  # "sent", "already_sent", "in_progress", "no_recipients", "not_due"
+    recipients: int = 0
+    with_chart: bool = False
+    sent_at: dt.datetime | None = None
+
+    @property
+    def message(self) -> str:
+        if self.status == "sent":
+            chart = "with" if self.with_chart else "without"
+            return f"sent {self.week} to {self.recipients} recipient(s), {chart} chart"
+        if self.status == "already_sent":
+            when = self.sent_at.isoformat() if self.sent_at else "earlier"
+            return f"{self.week} was already delivered ({when}); not sent again"
+        if self.status == "in_progress":
+            return f"{self.week} is being sent by another process; not sent again"
+        if self.status == "no_recipients":
+            return f"{self.week} not sent: nobody opted in and WEEKLY_REPORT_RECIPIENTS is empty"
+        return "no report due now"
+
+
+def weekly_report_send(
+    *, week_start: dt.date, to: str | None = None, now: dt.datetime | None = None
+) -> SendResult:
+    """Deliver the week's report once: to the list, or (``to``) once to that one address."""
+    week = week_label(week_start)
+    audience = (to or "").strip().lower()
+    recipients = [to.strip()] if to else weekly_report_recipients()
+    if not recipients:
+        return SendResult(week, "no_recipients")
+    report, _ = WeeklyReport.objects.get_or_create(
+        week=week, audience=audience, defaults={"week_start": week_start}
+    )
+    if report.sent_at is not None:
+        return SendResult(week, "already_sent", report.recipients_count, sent_at=report.sent_at)
+
+    # The compare-and-swap: of all the senders that get here, one changes the row.
+    claimed_at = timezone.now()
+    claimed = (
+        WeeklyReport.objects.filter(pk=report.pk, sent_at__isnull=True)
+        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=claimed_at - CLAIM_TIMEOUT))
+        .update(claimed_at=claimed_at)
+    )
+    if claimed != 1:
+        report.refresh_from_db()
+        if report.sent_at is not None:
+            return SendResult(week, "already_sent", report.recipients_count, sent_at=report.sent_at)
+        return SendResult(week, "in_progress")
+
+    sent = 0
+    try:
+        rendered = weekly_report_render(weekly_report_build(week_start=week_start, now=now))
+        messages = weekly_report_messages(rendered, recipients)
+        with get_connection(fail_silently=False) as connection:
+            for message in messages:
+                try:
+                    sent += connection.send_messages([message]) or 0
+                except Exception:
+                    if sent == 0:
+                        raise  # nothing went out: release the claim below, a retry sends all
+                    # Some went out: a retry would send those twice, so count this week as
+                    # delivered and log who missed it.
+                    logger.exception("weekly report %s: sending to %s failed", week, message.to)
+    except BaseException:
+        WeeklyReport.objects.filter(
+            pk=report.pk, claimed_at=claimed_at, sent_at__isnull=True
+        ).update(claimed_at=None)
+        raise
+    sent_at = timezone.now()
+    WeeklyReport.objects.filter(pk=report.pk).update(
+        sent_at=sent_at,
+        recipients_count=sent,
+        subject=rendered.subject[:255],
+        with_chart=rendered.chart_png is not None,
+    )
+    logger.info("weekly report %s sent to %d recipient(s)", week, sent)
+    return SendResult(week, "sent", sent, rendered.chart_png is not None, sent_at)
+
+
+def weekly_report_send_due(*, now: dt.datetime | None = None) -> SendResult:
+    """What the hourly beat job does: deliver last week's report to the list if it is due."""
+    week_start = week_due(now)
+    if week_start is None:
+        return SendResult("", "not_due")
+    done = WeeklyReport.objects.filter(
+        week=week_label(week_start), audience="", sent_at__isnull=False
+    ).first()
+    if done is not None:
+        return SendResult(done.week, "already_sent", done.recipients_count, sent_at=done.sent_at)
+    return weekly_report_send(week_start=week_start, now=now)

@@ -1,0 +1,123 @@
+"""The weekly email's trend chart: a Plotly figure rendered to PNG by kaleido and Chromium.
+
+The chart is a nice-to-have: without a browser, or when rendering fails or hangs, the email
+goes out without it (``trend_png`` returns ``None`` and logs why).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+
+from billing.selectors import CostRow
+
+logger = logging.getLogger(__name__)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+WIDTH_PX, HEIGHT_PX = 640, 260
+RENDER_TIMEOUT_S = 60
+# kaleido's sync entry points share one browser session per process and are not thread-safe
+# (NOTES.md): one render at a time.
+_RENDER_LOCK = threading.Lock()
+
+
+def chromium_path() -> str | None:
+    """The browser kaleido drives: ``settings.KALEIDO_BROWSER_PATH`` or ``$BROWSER_PATH`` if
+    set, else Debian's ``/usr/bin/chromium`` or a chromium/chrome on ``PATH``."""
+    configured = getattr(settings, "KALEIDO_BROWSER_PATH", "") or os.environ.get("BROWSER_PATH", "")
+    candidates = (
+        [configured]
+        if configured
+        else [
+            "/usr/bin/chromium",
+            shutil.which("chromium") or "",
+            shutil.which("chromium-browser") or "",
+            shutil.which("google-chrome") or "",
+        ]
+    )
+    for path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def trend_figure(rows: Sequence[CostRow], *, currency: str) -> Any:
+    """Daily fleet utilisation (line) and idle cost (bars) over the rows' days."""
+    import plotly.graph_objects as go
+
+    days = [r.period_start.date().isoformat() for r in rows]
+    fig = go.Figure()
+    fig.add_bar(
+        x=days,
+        y=[float(r.idle_cost) for r in rows],
+        name=f"Idle cost ({currency})",
+        marker_color="#e8a33d",
+        yaxis="y2",
+    )
+    fig.add_scatter(
+        x=days,
+        y=[(r.utilization or 0.0) * 100 for r in rows],
+        name="Utilisation (%)",
+        mode="lines+markers",
+        line={"color": "#2b6cb0", "width": 3},
+    )
+    fig.update_layout(
+        width=WIDTH_PX,
+        height=HEIGHT_PX,
+        margin={"l": 50, "r": 60, "t": 20, "b": 40},
+        paper_bgcolor="#ffffff",
+        plot_bgcolor="#ffffff",
+        font={"family": "Arial, Helvetica, sans-serif", "size": 12, "color": "#1a202c"},
+        legend={"orientation": "h", "y": 1.12, "x": 0},
+        yaxis={"title": "Utilisation %", "rangemode": "tozero", "gridcolor": "#e2e8f0"},
+        yaxis2={
+            "title": f"Idle cost {currency}",
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+            "showgrid": False,
+            "tickformat": ",.0f",
+        },
+        xaxis={"type": "date", "tickformat": "%d %b"},
+        bargap=0.3,
+    )
+    return fig
+
+
+def render_png(fig: Any, *, browser: str) -> bytes:
+    """One PNG through kaleido. MathJax is switched off in kaleido itself: otherwise it
+    fetches MathJax from a CDN, which an offline server cannot reach (NOTES.md)."""
+    import kaleido
+
+    with _RENDER_LOCK:
+        png = kaleido.calc_fig_sync(
+            fig,
+            opts={"format": "png", "width": WIDTH_PX, "height": HEIGHT_PX},
+            kopts={"mathjax": False, "path": browser, "timeout": RENDER_TIMEOUT_S},
+        )
+    return bytes(png)
+
+
+def trend_png(rows: Sequence[CostRow], *, currency: str) -> bytes | None:
+    """The chart as PNG bytes, or ``None`` when it cannot be made here."""
+    if not rows:
+        return None
+    browser = chromium_path()
+    if browser is None:
+        logger.info("weekly report: no Chromium found; sending without the chart")
+        return None
+    try:
+        png = render_png(trend_figure(rows, currency=currency), browser=browser)
+    except Exception:  # a chart must never stop the report: log it and send without
+        logger.warning("weekly report: chart rendering failed; sending without it", exc_info=True)
+        return None
+    if not png.startswith(PNG_MAGIC):
+        logger.warning("weekly report: kaleido returned something that is not a PNG")
+        return None
+    return png

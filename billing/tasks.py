@@ -1,0 +1,35 @@
+"""Celery tasks of billing: thin wrappers over ``billing.report`` (HackSoft style).
+
+Declared defensively (PostHog style): ``acks_late`` with ``reject_on_worker_lost`` so a worker
+killed mid-task leaves the message to be redelivered; ``expires`` so a backlog of hourly runs
+is dropped rather than replayed; retries only on transient errors (the database or the mail
+server away). A retry or a redelivery is harmless: the report's compare-and-swap delivers each
+week once.
+"""
+
+from __future__ import annotations
+
+from smtplib import SMTPException
+
+from celery import shared_task
+from django.db import InterfaceError, OperationalError
+
+
+@shared_task(  # type: ignore[untyped-decorator]
+    name="billing.tasks.weekly_report_task",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    expires=3000,
+    autoretry_for=(OperationalError, InterfaceError, SMTPException, ConnectionError, TimeoutError),
+    retry_backoff=60,  # 1 min, 2 min, 4 min … (jittered), well inside the hour
+    retry_backoff_max=900,
+    retry_jitter=True,
+    max_retries=4,
+    ignore_result=True,
+)
+def weekly_report_task() -> str:
+    """Beat: hourly. Sends last week's report once the configured weekday and hour
+    (``WEEKLY_REPORT_WEEKDAY``, ``WEEKLY_REPORT_HOUR``, report time zone) have come."""
+    from billing.report import weekly_report_send_due
+
+    return weekly_report_send_due().message
