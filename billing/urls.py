@@ -6,4 +6,9 @@ from billing import views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("fleet/", views.fleet_board, name="fleet-board"),
+    path("fleet/heatmap/", views.heatmap, name="heatmap"),
+    path("gpus/<str:uuid>/", views.gpu_detail, name="gpu-detail"),
+    path("chargeback/", views.chargeback, name="chargeback"),
+    path("breakeven/", views.breakeven, name="breakeven"),
 ]

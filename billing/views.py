@@ -1,14 +1,665 @@
-"""Dashboard views: thin, every figure from billing.selectors."""
+"""Dashboard views: thin, every figure from ``billing.selectors`` (one definition per metric).
+
+Pages read hourly rollups through the selectors, never the raw table (except the recent hours
+of one GPU on its detail page), so the number of queries per page does not grow with the
+number of GPUs. Money is computed only for users who may see it (``fleet.view_costs``): a
+viewer's page carries no money at all, not even hidden.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Any
+
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+
+from billing import charts, selectors
+from billing.dashboard import (
+    MONEY_SORTS,
+    SORTS,
+    DashboardFilters,
+    blocks,
+    dashboard_filters,
+    gpu_cost_profile,
+    money,
+    money_short,
+    num,
+    pct,
+    range_bounds,
+)
+from billing.forms import BreakevenForm
+from fleet.models import Gpu
+from fleet.selectors import gpus_with_attribution
+
+RECENT_HOURS = 6  # raw samples shown on a GPU's page: recent enough to still be in the raw table
+
+
+def _can_view_costs(request: HttpRequest) -> bool:
+    return bool(request.user.has_perm("fleet.view_costs"))
+
+
+def _context(
+    request: HttpRequest, flt: DashboardFilters, page: str, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "page": page,
+        "flt": flt,
+        "qs": flt.querystring,
+        "filter_options": flt.form.options(),
+        "filter_errors": flt.form.errors,
+        "can_view_costs": _can_view_costs(request),
+        "currency": flt.currency,
+        **extra,
+    }
+
+
+def _card(
+    label: str, value: str, sub: str = "", tone: str = "", money_card: bool = False, ident: str = ""
+) -> dict[str, Any]:
+    return {
+        "label": label,
+        "value": value,
+        "sub": sub,
+        "tone": tone,
+        "money": money_card,
+        "id": ident,
+    }
 
 
 @login_required
 @permission_required("fleet.view_dashboard", raise_exception=True)
 def overview(request: HttpRequest) -> HttpResponse:
-    """Permission: any role (viewer, finance, admin)."""
-    return render(request, "billing/overview.html", {})
+    """Permission: fleet.view_dashboard (any role); money cards and charts need
+    fleet.view_costs (finance, admin).
+
+    The Monday-morning page: fleet utilisation, hours in the air per GPU per day against the
+    target, money, energy, offline and recoverable GPUs, the trends and the block hours.
+    """
+    flt = dashboard_filters(request.GET)
+    costs = _can_view_costs(request)
+    summary = selectors.fleet_summary(start=flt.start, end=flt.end_exclusive, filters=flt.filters)
+    daily = selectors.cost_rows(
+        start=flt.start,
+        end=flt.end_exclusive,
+        group_by="fleet",
+        period="day",
+        filters=flt.filters,
+    )
+    row = summary.row
+    cur = flt.currency
+    target = summary.target_utilization
+    cards = [
+        _card(
+            "Fleet utilisation",
+            pct(row.utilization),
+            f"target {target:.0%}",
+            "good" if (row.utilization or 0) >= target else "warn",
+            ident="kpi-utilization",
+        ),
+        _card(
+            "Hours in the air / GPU / day",
+            num(row.hours_in_air_per_day),
+            f"target {target * 24:.1f} h",
+            ident="kpi-air-hours",
+        ),
+        _card(
+            "GPUs offline now",
+            str(summary.gpus_offline_now),
+            f"of {summary.gpus_in_service} in service",
+            "bad" if summary.gpus_offline_now else "",
+            ident="kpi-offline",
+        ),
+        _card(
+            "Recoverable GPUs",
+            num(summary.recoverable_gpus),
+            f"at {target:.0%} utilisation",
+            ident="kpi-recoverable",
+        ),
+        _card(
+            "Energy",
+            f"{num(row.energy_kwh, 0)} kWh",
+            f"{num(row.energy_per_gpu_hour_kwh, 3)} kWh per GPU-hour",
+            ident="kpi-energy",
+        ),
+        _card(
+            "CO2e", f"{num(row.co2e_kg / 1000, 2)} t", f"{num(row.co2e_kg, 0)} kg", ident="kpi-co2e"
+        ),
+    ]
+    if costs:
+        idle_share = (row.idle_cost / row.total_cost) if row.total_cost else None
+        cards[4:4] = [
+            _card(
+                "Total cost",
+                money_short(row.total_cost, cur),
+                money(row.total_cost, cur),
+                money_card=True,
+                ident="kpi-total-cost",
+            ),
+            _card(
+                "Idle cost",
+                money_short(row.idle_cost, cur),
+                f"{pct(float(idle_share) if idle_share is not None else None, 0)} of total",
+                "bad",
+                money_card=True,
+                ident="kpi-idle-cost",
+            ),
+            _card(
+                "Cost per air hour",
+                money(row.cost_per_air_hour, cur),
+                f"nominal {money(row.nominal_rate_per_hour, cur)} / GPU-hour",
+                "warn",
+                money_card=True,
+                ident="kpi-cost-per-air-hour",
+            ),
+            _card(
+                "Recoverable money / year",
+                money_short(summary.recoverable_money_per_year, cur),
+                f"{num(summary.recoverable_gpus)} GPUs at {target:.0%}",
+                "good",
+                money_card=True,
+                ident="kpi-recoverable-money",
+            ),
+        ]
+    figures: dict[str, Any] = {
+        "chart-air-hours": charts.air_hours_trend(daily, target_utilization=target),
+        "chart-utilization": charts.utilization_trend(daily, target_utilization=target),
+        "chart-blocks": charts.block_hours_stacked(daily),
+        "chart-energy": charts.energy_trend(daily),
+    }
+    if costs:
+        figures["chart-cost"] = charts.cost_trend(daily, currency=cur)
+        figures["chart-cost-per-air-hour"] = charts.cost_per_air_hour_trend(daily, currency=cur)
+    return render(
+        request,
+        "billing/overview.html",
+        _context(
+            request,
+            flt,
+            "overview",
+            summary=summary,
+            row=row,
+            cards=cards,
+            figures=figures,
+            blocks=blocks(row),
+            priced=row.priced,
+        ),
+    )
+
+
+@login_required
+@permission_required("fleet.view_dashboard", raise_exception=True)
+def fleet_board(request: HttpRequest) -> HttpResponse:
+    """Permission: fleet.view_dashboard (any role); the idle-cost column (and sorting by it)
+    needs fleet.view_costs.
+
+    Every GPU as a row of an airline's fleet table, worst first.
+    """
+    flt = dashboard_filters(request.GET)
+    costs = _can_view_costs(request)
+    rows = selectors.cost_rows(
+        start=flt.start, end=flt.end_exclusive, group_by="gpu", period="all", filters=flt.filters
+    )
+    # One query for what the rollups do not hold: model, last seen, in-service window.
+    gpus = {
+        g.uuid: g
+        for g in Gpu.objects.select_related("node", "model").filter(uuid__in=[r.key for r in rows])
+    }
+    now = timezone.now()
+    board: list[dict[str, Any]] = []
+    for r in rows:
+        gpu = gpus.get(r.key)
+        last_seen = gpu.last_seen_at if gpu else None
+        board.append(
+            {
+                "name": r.name,
+                "uuid": r.key,
+                "url": reverse("gpu-detail", args=[r.key]),
+                "model": gpu.model.name if gpu and gpu.model else (gpu.name if gpu else ""),
+                "node": gpu.node.hostname if gpu else "",
+                "utilization": r.utilization,
+                "utilization_text": pct(r.utilization),
+                "hours_in_air_per_day": r.hours_in_air_per_day,
+                "air_text": num(r.hours_in_air_per_day),
+                "blocks": blocks(r),
+                "idle_cost": r.idle_cost if costs else None,
+                "idle_cost_text": money(r.idle_cost) if costs else "",
+                "offline_hours": r.offline_hours,
+                "throttled_hours": r.throttled_hours,
+                "throttled_text": num(r.throttled_hours),
+                "last_seen": last_seen,
+                "stale": last_seen is None or now - last_seen > dt.timedelta(minutes=15),
+                "priced": r.priced,
+            }
+        )
+    sort = request.GET.get("sort", "")
+    if sort not in SORTS or (sort in MONEY_SORTS and not costs):
+        sort = "idle_cost" if costs else "util"
+    label, attr, worst = SORTS[sort]
+    direction = request.GET.get("dir", worst)
+    if direction not in ("asc", "desc"):
+        direction = worst
+    present = [b for b in board if b[attr] is not None]
+    missing = [b for b in board if b[attr] is None]
+    present.sort(key=lambda b: b[attr], reverse=direction == "desc")
+    board = present + missing  # unknowns last whichever way
+    columns = []
+    for key, (col_label, _attr, col_worst) in SORTS.items():
+        if key in MONEY_SORTS and not costs:
+            continue
+        next_dir = ("asc" if direction == "desc" else "desc") if key == sort else col_worst
+        columns.append(
+            {
+                "key": key,
+                "label": col_label,
+                "active": key == sort,
+                "dir": direction if key == sort else "",
+                "qs": flt.with_params(sort=key, dir=next_dir),
+            }
+        )
+    by_model = selectors.cost_rows(
+        start=flt.start,
+        end=flt.end_exclusive,
+        group_by="model",
+        period="all",
+        filters=flt.filters,
+    )
+    figures = {
+        "chart-model-blocks": charts.block_hours_stacked(
+            by_model, x=[r.name for r in by_model], horizontal=True
+        )
+    }
+    return render(
+        request,
+        "billing/fleet.html",
+        _context(
+            request,
+            flt,
+            "fleet",
+            board=board,
+            figures=figures,
+            sort=sort,
+            direction=direction,
+            columns={c["key"]: c for c in columns},
+            gpu_count=len(board),
+            sort_label=label,
+            keep=[("sort", sort), ("dir", direction)],
+        ),
+    )
+
+
+@login_required
+@permission_required("fleet.view_dashboard", raise_exception=True)
+def heatmap(request: HttpRequest) -> HttpResponse:
+    """Permission: fleet.view_dashboard (any role).
+
+    GPUs × days coloured by utilisation (air hours / capacity hours of each GPU-day).
+    """
+    flt = dashboard_filters(request.GET)
+    rows = selectors.cost_rows(
+        start=flt.start, end=flt.end_exclusive, group_by="gpu", period="day", filters=flt.filters
+    )
+    days = [flt.start + dt.timedelta(days=i) for i in range(flt.days)]
+    column = {d: i for i, d in enumerate(days)}
+    labels: dict[str, str] = {}
+    matrix: dict[str, list[float | None]] = {}
+    for r in rows:
+        if r.key not in matrix:
+            matrix[r.key] = [None] * len(days)
+            labels[r.key] = r.name
+        i = column.get(r.period_start.date())
+        if i is not None and r.utilization is not None:
+            matrix[r.key][i] = round(r.utilization * 100, 1)
+    order = request.GET.get("order", "name")
+    keys = list(matrix)
+    if order == "util":
+
+        def mean(k: str) -> float:
+            vals = [v for v in matrix[k] if v is not None]
+            return sum(vals) / len(vals) if vals else -1.0  # display order only
+
+        keys.sort(key=mean)
+    else:
+        order = "name"
+        keys.sort(key=lambda k: labels[k])
+    figure = charts.utilization_heatmap(
+        gpu_labels=[labels[k] for k in keys],
+        columns=[d.isoformat() for d in days],
+        z=[matrix[k] for k in keys],
+        by="day",
+    )
+    return render(
+        request,
+        "billing/heatmap.html",
+        _context(
+            request,
+            flt,
+            "heatmap",
+            figures={"chart-heatmap": figure},
+            order=order,
+            gpu_count=len(keys),
+            keep=[("order", order)],
+            qs_name=flt.with_params(order="name"),
+            qs_util=flt.with_params(order="util"),
+        ),
+    )
+
+
+def _series_value(item: Any, name: str) -> Any:
+    """A field of one point of a telemetry series: dicts and objects alike."""
+    if isinstance(item, dict):
+        return item.get(name)
+    return getattr(item, name, None)
+
+
+def _hourly_points(series: Any) -> dict[str, Any]:
+    x, util, power, temp, throttled = [], [], [], [], []
+    for item in series:
+        hour = _series_value(item, "hour")
+        x.append(hour.isoformat() if hasattr(hour, "isoformat") else str(hour))
+        air = _series_value(item, "air_s")
+        # One hour in service is 3,600 capacity seconds (DESIGN.md §3): air / capacity.
+        util.append(round(air / 36, 1) if air is not None else None)
+        power.append(_series_value(item, "power_w_mean"))
+        temp.append(_series_value(item, "temp_c_max"))
+        thr = _series_value(item, "throttle_any_s")
+        throttled.append(round(thr / 36, 1) if thr is not None else None)
+    return {"x": x, "util_pct": util, "power_w": power, "temp_c": temp, "throttled_pct": throttled}
+
+
+def _recent_points(samples: Any) -> dict[str, Any]:
+    x, util, power, temp, throttled = [], [], [], [], []
+    for s in samples:
+        start = _series_value(s, "start")
+        x.append(start.isoformat() if hasattr(start, "isoformat") else str(start))
+        util.append(_series_value(s, "util_pct"))
+        power.append(_series_value(s, "power_w"))
+        temp.append(_series_value(s, "temp_c"))
+        seconds = _series_value(s, "seconds") or 0
+        thr = _series_value(s, "throttle_any_s")
+        throttled.append(round(thr / seconds * 100, 1) if seconds and thr is not None else None)
+    return {"x": x, "util_pct": util, "power_w": power, "temp_c": temp, "throttled_pct": throttled}
+
+
+@login_required
+@permission_required("fleet.view_dashboard", raise_exception=True)
+def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
+    """Permission: fleet.view_dashboard (any role); its cost profile and money need
+    fleet.view_costs.
+
+    One GPU: utilisation, power, temperature and throttling over time (hourly rollups over
+    the range, raw samples of the last hours), its block hours per day and its money.
+    """
+    gpu = get_object_or_404(gpus_with_attribution(), uuid=uuid)
+    flt = dashboard_filters(request.GET)
+    costs = _can_view_costs(request)
+    only_this = selectors.Filters(gpus=(gpu.uuid,))
+    totals = selectors.cost_rows(
+        start=flt.start, end=flt.end_exclusive, group_by="gpu", period="all", filters=only_this
+    )
+    daily = selectors.cost_rows(
+        start=flt.start, end=flt.end_exclusive, group_by="gpu", period="day", filters=only_this
+    )
+    row = totals[0] if totals else None
+    figures: dict[str, Any] = {}
+    if daily:
+        figures["chart-gpu-blocks"] = charts.block_hours_stacked(daily)
+        if costs:
+            figures["chart-gpu-cost"] = charts.cost_trend(daily, currency=flt.currency)
+    waiting: list[str] = []
+    try:
+        from telemetry.selectors import gpu_hourly_series, gpu_recent_samples
+    except ImportError:  # telemetry's read side not installed yet
+        waiting.append("telemetry.selectors")
+    else:
+        start, end = range_bounds(flt)
+        hourly = _hourly_points(gpu_hourly_series(gpu_id=gpu.pk, start=start, end=end))
+        if hourly["x"]:
+            figures["chart-gpu-hourly"] = charts.gpu_timeseries(**hourly)
+        since = timezone.now() - dt.timedelta(hours=RECENT_HOURS)
+        recent = _recent_points(gpu_recent_samples(gpu_id=gpu.pk, since=since))
+        if recent["x"]:
+            figures["chart-gpu-recent"] = charts.gpu_timeseries(**recent)
+    cards = []
+    if row is not None:
+        cards = [
+            _card("Utilisation", pct(row.utilization), ident="kpi-utilization"),
+            _card("Hours in the air / day", num(row.hours_in_air_per_day), ident="kpi-air-hours"),
+            _card(
+                "Energy",
+                f"{num(row.energy_kwh, 1)} kWh",
+                f"{num(row.kwh_per_air_hour, 2)} kWh per air hour",
+                ident="kpi-energy",
+            ),
+            _card(
+                "Throttled",
+                f"{num(row.throttled_hours)} h",
+                f"thermal {num(row.throttled_thermal_hours)} h · "
+                f"power {num(row.throttled_power_cap_hours)} h",
+                ident="kpi-throttled",
+            ),
+        ]
+        if costs:
+            cards += [
+                _card(
+                    "Total cost",
+                    money(row.total_cost, flt.currency),
+                    money_card=True,
+                    ident="kpi-total-cost",
+                ),
+                _card(
+                    "Idle cost",
+                    money(row.idle_cost, flt.currency),
+                    f"{pct(float(row.idle_cost / row.total_cost), 0)} of total"
+                    if row.total_cost
+                    else "",
+                    "bad",
+                    money_card=True,
+                    ident="kpi-idle-cost",
+                ),
+                _card(
+                    "Cost per air hour",
+                    money(row.cost_per_air_hour, flt.currency),
+                    f"nominal {money(row.nominal_rate_per_hour, flt.currency)} / h",
+                    "warn",
+                    money_card=True,
+                    ident="kpi-cost-per-air-hour",
+                ),
+            ]
+    node = gpu.node
+    site = node.effective_site
+    return render(
+        request,
+        "billing/gpu_detail.html",
+        _context(
+            request,
+            flt,
+            "fleet",
+            gpu=gpu,
+            dates_only=True,
+            node=node,
+            site=site,
+            pool=node.pool if node.pool_id else None,
+            team=gpu.team or (node.pool.team if node.pool_id and node.pool else None),
+            row=row,
+            cards=cards,
+            blocks=blocks(row) if row else [],
+            figures=figures,
+            profile=gpu_cost_profile(gpu) if costs else None,
+            waiting=waiting,
+            recent_hours=RECENT_HOURS,
+            has_hourly="chart-gpu-hourly" in figures,
+            has_recent="chart-gpu-recent" in figures,
+        ),
+    )
+
+
+def _group_table(rows: list[selectors.CostRow], costs: bool, cur: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": r.name,
+            "key": r.key,
+            "gpus": r.gpu_count,
+            "utilization": pct(r.utilization),
+            "air": num(r.hours_in_air_per_day),
+            "capacity": num(r.capacity_hours, 0),
+            "air_hours": num(r.air_hours, 0),
+            "energy": num(r.energy_kwh, 0),
+            "co2e": num(r.co2e_kg, 0),
+            "total_cost": money(r.total_cost) if costs else "",
+            "idle_cost": money(r.idle_cost) if costs else "",
+            "cost_per_air_hour": money(r.cost_per_air_hour) if costs else "",
+            "blocks": blocks(r),
+            "priced": r.priced,
+        }
+        for r in rows
+    ]
+
+
+@login_required
+@permission_required("fleet.view_dashboard", raise_exception=True)
+def chargeback(request: HttpRequest) -> HttpResponse:
+    """Permission: fleet.view_dashboard (any role); cost columns and charts need
+    fleet.view_costs.
+
+    The chargeback view: cost, idle cost and utilisation per team and per pool.
+    """
+    flt = dashboard_filters(request.GET)
+    costs = _can_view_costs(request)
+    cur = flt.currency
+    target = flt.target_utilization
+    groups = {}
+    for group_by in ("team", "pool"):
+        rows = selectors.cost_rows(
+            start=flt.start,
+            end=flt.end_exclusive,
+            group_by=group_by,
+            period="all",
+            filters=flt.filters,
+        )
+        rows.sort(key=lambda r: r.idle_cost if costs else -(r.utilization or 0), reverse=True)
+        groups[group_by] = rows
+    figures: dict[str, Any] = {
+        "chart-team-util": charts.group_util_bars(groups["team"], target_utilization=target),
+        "chart-pool-util": charts.group_util_bars(groups["pool"], target_utilization=target),
+    }
+    if costs:
+        figures["chart-team-cost"] = charts.group_cost_bars(groups["team"], currency=cur)
+        figures["chart-pool-cost"] = charts.group_cost_bars(groups["pool"], currency=cur)
+    api_start = flt.start.isoformat()
+    api_end = flt.end_exclusive.isoformat()
+    return render(
+        request,
+        "billing/chargeback.html",
+        _context(
+            request,
+            flt,
+            "chargeback",
+            figures=figures,
+            teams=_group_table(groups["team"], costs, cur),
+            pools=_group_table(groups["pool"], costs, cur),
+            csv_team=f"/api/v1/costs?group_by=team&start={api_start}&end={api_end}&format=csv",
+            csv_pool=f"/api/v1/costs?group_by=pool&start={api_start}&end={api_end}&format=csv",
+        ),
+    )
+
+
+@login_required
+@permission_required("fleet.view_costs", raise_exception=True)
+def breakeven(request: HttpRequest) -> HttpResponse:
+    """Permission: fleet.view_costs (finance, admin); viewers get 403.
+
+    Own cost per million tokens against utilisation, the API line, u* and today's measured
+    utilisation; the money per month either way; owning against renting on demand.
+    """
+    flt = dashboard_filters(request.GET)
+    data: Any = (
+        request.GET
+        if "pool" in request.GET
+        else BreakevenForm.initial_query(flt.filters.pools[0] if flt.filters.pools else None)
+    )
+    form = BreakevenForm(data)
+    result = None
+    figures: dict[str, Any] = {}
+    if form.is_valid():
+        d = form.cleaned_data
+        blended = d["price_mode"] == "blended"
+        try:
+            result = selectors.breakeven_compute(
+                pool=d["pool"],
+                start=flt.start,
+                end=flt.end_exclusive,
+                tokens_per_s=d["tokens_per_s"],
+                api_price_per_mtok=d["api_price_per_mtok"] if blended else None,
+                api_input_price_per_mtok=None if blended else d["api_input_price_per_mtok"],
+                api_output_price_per_mtok=None if blended else d["api_output_price_per_mtok"],
+                output_share=None if blended else d["output_share"],
+                rental_rate_per_hour=d.get("rental_rate_per_hour"),
+            )
+        except LookupError as exc:
+            form.add_error("pool", str(exc))
+        except ValueError as exc:
+            form.add_error(None, str(exc))
+    if result is not None:
+        figures["chart-breakeven"] = charts.breakeven_curve(result)
+        figures["chart-breakeven-month"] = charts.breakeven_month(result)
+        rent = charts.rent_curve(result)
+        if rent is not None:
+            figures["chart-rent"] = rent
+    cur = flt.currency
+    cards = []
+    if result is not None:
+        u_star = result.breakeven_utilization
+        cards = [
+            _card(
+                "Break-even utilisation u*",
+                pct(u_star) if u_star is not None else "never",
+                "owning beats the API above this"
+                if u_star is not None
+                else "owning never beats this API price",
+                ident="kpi-ustar",
+            ),
+            _card(
+                "Measured utilisation",
+                pct(result.utilization),
+                f"pool {result.pool}",
+                "good"
+                if u_star is not None
+                and result.utilization is not None
+                and result.utilization >= u_star
+                else "warn",
+                ident="kpi-measured",
+            ),
+            _card(
+                "Own cost / M tokens",
+                money(result.own_cost_per_mtok, cur, 3),
+                f"API {money(result.api_price_per_mtok, cur, 3)}",
+                ident="kpi-own-mtok",
+            ),
+            _card(
+                "Savings / month",
+                money_short(result.savings_per_month, cur),
+                f"own {money_short(result.own_cost_per_month, cur)} · "
+                f"API {money_short(result.api_cost_per_month, cur)}",
+                "good" if result.savings_per_month >= 0 else "bad",
+                ident="kpi-savings",
+            ),
+        ]
+        if result.rental_rate_per_hour is not None:
+            u_rent = result.rent_breakeven_utilization
+            cards.append(
+                _card(
+                    "Owning vs renting u*",
+                    pct(u_rent) if u_rent is not None else "never",
+                    f"renting on demand at {money(result.rental_rate_per_hour, cur)} / h",
+                    ident="kpi-rent",
+                )
+            )
+    return render(
+        request,
+        "billing/breakeven.html",
+        _context(request, flt, "breakeven", form=form, result=result, cards=cards, figures=figures),
+    )

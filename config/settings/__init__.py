@@ -170,6 +170,12 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # plotly.js straight from the installed plotly package: always the same version, no CDN.
+    "billing.staticfiles.PlotlyJsFinder",
+]
 
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -1,0 +1,310 @@
+"""Benchmark: server time of each dashboard page on PostgreSQL, against the raw table.
+
+    DATABASE_URL=postgres://… python bench/dashboard.py [--gpus 1000] [--days 90]
+        [--repeat 10] [--raw-days 7] [--keep]
+
+Builds a throwaway test database (``test_<name>``, dropped at the end unless ``--keep``) with
+``--gpus`` GPUs on nodes of 8 in six pools, three sites, four teams, and ``--days`` of hourly
+rollups per GPU (1,000 × 90 days = 2.16 M rows), written by one ``INSERT … SELECT``. Then it
+times every page through Django's full stack (middleware, view, selectors, template) as a
+logged-in finance user: a warm-up, then ``--repeat`` requests, p50/p95 and the SQL query count.
+
+The raw reference: ``--raw-days`` of one-minute raw samples for every GPU (1,000 × 7 days =
+10 M rows), and the fleet's per-day figures (air, held, parked hours, energy) computed from
+them with one GROUP BY, side by side with the overview page over the same days (which reads
+the rollups). Goal (issue 6): p95 ≤ 500 ms per page at 1,000 GPUs × 90 days.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+GOAL_MS = 500.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, default=1000)
+    parser.add_argument("--days", type=int, default=90)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--raw-days", type=int, default=7)
+    parser.add_argument("--keep", action="store_true", help="keep the test database")
+    args = parser.parse_args()
+
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connection
+    from django.test.utils import setup_test_environment
+
+    if not settings.IS_POSTGRES:
+        print("bench/dashboard.py needs PostgreSQL: set DATABASE_URL", file=sys.stderr)
+        return 2
+    setup_test_environment()
+    settings.ALLOWED_HOSTS = ["*"]
+    finder = "billing.staticfiles.PlotlyJsFinder"
+    settings.STATICFILES_FINDERS = [
+        "django.contrib.staticfiles.finders.FileSystemFinder",
+        "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+        finder,
+    ]
+    # A database of its own, apart from the test suite's test_<name>.
+    db = settings.DATABASES["default"]
+    db.setdefault("TEST", {})["NAME"] = f"bench_{db['NAME']}"
+    db_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    print(f"database {db_name}: {args.gpus} GPUs × {args.days} days of hourly rollups")
+    try:
+        return run(args)
+    finally:
+        if not args.keep:
+            connection.creation.destroy_test_db(db_name, verbosity=0)
+
+
+def build_fleet(gpus: int, days: int) -> tuple[dt.datetime, dt.datetime]:
+    from decimal import Decimal
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from billing.models import CostProfile
+    from fleet.models import FleetSettings, Gpu, GpuModel, Node, Pool, Site, Team
+
+    fs = FleetSettings.load()
+    fs.currency, fs.report_time_zone = "USD", "UTC"
+    fs.save()
+    now = timezone.now()
+    end = now.replace(minute=0, second=0, microsecond=0)
+    start = end - dt.timedelta(days=days)
+    sites = [
+        Site.objects.create(name=n, pue=Decimal(p), price_per_kwh=Decimal(c), grid_g_per_kwh=g)
+        for n, p, c, g in (
+            ("fra1", "1.35", "0.21", 380),
+            ("ams1", "1.25", "0.17", 330),
+            ("iad1", "1.2", "0.09", 390),
+        )
+    ]
+    teams = [Team.objects.create(name=n) for n in ("research", "product", "data", "platform")]
+    pools = [
+        Pool.objects.create(name=f"pool-{i}", site=sites[i % 3], team=teams[i % 4])
+        for i in range(6)
+    ]
+    for i, pool in enumerate(pools):
+        if i % 3 == 2:
+            CostProfile.objects.create(
+                scope_kind="pool",
+                scope_name=pool.name,
+                kind="rented",
+                rental_rate_per_hour=Decimal("2.49"),
+            )
+        else:
+            CostProfile.objects.create(
+                scope_kind="pool",
+                scope_name=pool.name,
+                kind="owned",
+                purchase_price=Decimal("30000"),
+                depreciation_years=Decimal("5"),
+                opex_per_hour=Decimal("0.12"),
+            )
+    model, _ = GpuModel.objects.get_or_create(
+        key="H100-SXM",
+        defaults={
+            "name": "NVIDIA H100 SXM",
+            "max_power_w": 700,
+            "idle_power_w": 69,
+            "memory_gib": 80,
+        },
+    )
+    nodes = Node.objects.bulk_create(
+        Node(hostname=f"gpu-{i:04d}", pool=pools[i % 6]) for i in range((gpus + 7) // 8)
+    )
+    Gpu.objects.bulk_create(
+        Gpu(
+            uuid=f"GPU-bench-{i:05d}",
+            node=nodes[i // 8],
+            index=i % 8,
+            model=model,
+            name="NVIDIA H100 80GB HBM3",
+            in_service_at=start,
+            first_seen_at=start,
+            last_seen_at=now,
+        )
+        for i in range(gpus)
+    )
+    # One statement: every GPU × every hour, utilisation varying by GPU and hour of day.
+    t0 = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO telemetry_hourlyusage (
+                gpu_id, hour, node_id, pool_id, team_id, site_id, samples, observed_s, air_s,
+                held_s, parked_s, energy_j, idle_energy_j, idle_s, power_w_mean, power_w_max,
+                temp_c_max, util_pct_mean, mem_util_pct_mean, throttle_power_cap_s,
+                throttle_thermal_s, throttle_hw_slowdown_s, throttle_other_s, throttle_any_s,
+                sm_active_s, sm_observed_s, computed_at)
+            SELECT g.id, h, n.id, p.id, p.team_id, p.site_id, 60, 3600, 3600 * u.u,
+                   3600 * (1 - u.u) * 0.5, 3600 * (1 - u.u) * 0.5,
+                   3600 * (69 + 560 * u.u), CASE WHEN u.u < 0.05 THEN 3600 * 69 ELSE 0 END,
+                   CASE WHEN u.u < 0.05 THEN 3600 ELSE 0 END, 69 + 560 * u.u, 700,
+                   40 + 40 * u.u, 100 * u.u, 50 * u.u, 0, 0, 0, 0, 0, 0, 0, now()
+            FROM fleet_gpu g JOIN fleet_node n ON n.id = g.node_id
+            JOIN fleet_pool p ON p.id = n.pool_id
+            CROSS JOIN generate_series(%s::timestamptz, %s::timestamptz - interval '1 hour',
+                                       interval '1 hour') AS h
+            CROSS JOIN LATERAL (SELECT greatest(0, least(1,
+                0.45 + 0.35 * sin(g.id + extract(hour from h) / 3.82)
+                + 0.1 * sin(g.id * 7 + extract(epoch from h) / 86400))) AS u) u
+            """,
+            [start, end],
+        )
+        rows = cursor.rowcount
+        cursor.execute("ANALYZE telemetry_hourlyusage")
+    print(f"  {rows:,} rollup rows in {time.perf_counter() - t0:.1f} s")
+    return start, end
+
+
+def build_raw(raw_days: int, end: dt.datetime) -> tuple[dt.datetime, int]:
+    from django.db import connection
+
+    from telemetry.partitions import partitions_maintain
+
+    partitions_maintain()
+    start = end - dt.timedelta(days=raw_days)
+    t0 = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO telemetry_sample (gpu_id, start, seconds, util_pct, procs, power_w,
+                                          energy_j, received_at)
+            SELECT g.id, m, 60, u.u * 100, CASE WHEN u.u > 0.3 THEN 1 ELSE 0 END,
+                   69 + 560 * u.u, 60 * (69 + 560 * u.u), now()
+            FROM fleet_gpu g
+            CROSS JOIN generate_series(%s::timestamptz, %s::timestamptz - interval '1 minute',
+                                       interval '1 minute') AS m
+            CROSS JOIN LATERAL (SELECT greatest(0, least(1,
+                0.45 + 0.35 * sin(g.id + extract(hour from m) / 3.82))) AS u) u
+            """,
+            [start, end],
+        )
+        rows = cursor.rowcount
+        cursor.execute("ANALYZE telemetry_sample")
+    print(f"  {rows:,} raw samples ({raw_days} days × 1 min) in {time.perf_counter() - t0:.1f} s")
+    return start, rows
+
+
+RAW_FLEET_DAILY = """
+    -- The overview's daily fleet figures straight from raw samples (DESIGN.md §3 sums).
+    SELECT date_trunc('day', start AT TIME ZONE 'UTC') AS day,
+           sum(util_pct / 100 * seconds) / 3600 AS air_h,
+           sum(CASE WHEN procs > 0 THEN (1 - util_pct / 100) * seconds ELSE 0 END) / 3600
+               AS held_h,
+           sum(CASE WHEN procs > 0 THEN 0 ELSE (1 - util_pct / 100) * seconds END) / 3600
+               AS parked_h,
+           sum(coalesce(energy_j, power_w * seconds, 0)) / 3.6e6 AS kwh,
+           sum(seconds) / 3600 AS observed_h
+    FROM telemetry_sample WHERE start >= %s AND start < %s
+    GROUP BY 1 ORDER BY 1
+"""
+
+
+def timed(fn, repeat: int) -> list[float]:  # type: ignore[no-untyped-def]
+    fn()  # warm-up
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
+
+
+def run(args: argparse.Namespace) -> int:
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.models import Gpu
+    from fleet.roles import role_assign
+
+    start, end = build_fleet(args.gpus, args.days)
+    user = get_user_model().objects.create_user(username="bench-finance")
+    role_assign(user=user, role="finance")
+    client = Client()
+    client.force_login(user)
+    first = start.date()
+    last = (end - dt.timedelta(hours=1)).date()
+    rng = f"from={first}&to={last}"
+    gpu_uuid = Gpu.objects.order_by("id").values_list("uuid", flat=True).first()
+    pages = {
+        "overview": f"/?{rng}",
+        "fleet board": f"/fleet/?{rng}",
+        "heatmap": f"/fleet/heatmap/?{rng}",
+        "teams & pools": f"/chargeback/?{rng}",
+        "break-even": f"/breakeven/?{rng}&pool=pool-0&tokens_per_s=2000&price_mode=blended"
+        "&api_price_per_mtok=0.60&rental_rate_per_hour=2.35",
+        "gpu detail": f"/gpus/{gpu_uuid}/?{rng}",
+    }
+    print(f"\npages over {args.days} days, {args.gpus} GPUs, {args.repeat} requests each:")
+    print(f"  {'page':<14} {'p50 ms':>8} {'p95 ms':>8} {'queries':>8}  goal p95 ≤ {GOAL_MS:.0f}")
+    worst = 0.0
+    for name, url in pages.items():
+
+        def get(url: str = url) -> None:
+            response = client.get(url)
+            assert response.status_code == 200, (url, response.status_code)
+
+        times = timed(get, args.repeat)
+        with CaptureQueriesContext(connection) as ctx:
+            get()
+        worst = max(worst, p95(times))
+        flag = "ok" if p95(times) <= GOAL_MS else "OVER"
+        print(
+            f"  {name:<14} {statistics.median(times):8.0f} {p95(times):8.0f} "
+            f"{len(ctx.captured_queries):8d}  {flag}"
+        )
+
+    raw_start, _ = build_raw(args.raw_days, end)
+
+    def raw() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(RAW_FLEET_DAILY, [raw_start, end])
+            cursor.fetchall()
+
+    raw_range = f"from={raw_start.date()}&to={last}"
+
+    def page() -> None:
+        assert client.get(f"/?{raw_range}").status_code == 200
+
+    raw_times = timed(raw, max(3, args.repeat // 3))
+    page_times = timed(page, args.repeat)
+    ratio = statistics.median(raw_times) / statistics.median(page_times)
+    print(f"\nsame {args.raw_days} days of fleet figures, {args.gpus} GPUs:")
+    print(f"  raw table, one GROUP BY:        p50 {statistics.median(raw_times):8.0f} ms")
+    print(
+        f"  overview page from the rollups: p50 {statistics.median(page_times):8.0f} ms "
+        "(the whole page: all cards, every chart, template)"
+    )
+    print(f"  ratio raw / page: {ratio:.1f}×")
+    print(
+        f"\nworst page p95 {worst:.0f} ms (goal ≤ {GOAL_MS:.0f} ms): "
+        f"{'met' if worst <= GOAL_MS else 'NOT met'}; raw/page ratio {ratio:.1f}×"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,611 @@
+"""Plotly figures as plain dicts, built from selector rows and drawn by ``static/js/charts.js``.
+
+Figures travel to the page with ``json_script`` (never inline script), so the strict Content
+Security Policy (``script-src 'self'``) holds. Nothing here computes a metric: each value is a
+field of a ``CostRow``/``FleetSummary``/``BreakevenResult``, or a change of units of one
+(hours → hours per GPU per day, fraction → percent).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+from typing import Any
+
+from billing.selectors import BreakevenResult, CostRow
+
+AIR = "#1f6feb"
+HELD = "#d29922"
+PARKED = "#8c959f"
+OFFLINE = "#cf222e"
+MONEY = "#24292f"
+IDLE_MONEY = "#bc4c00"
+TARGET = "#1a7f37"
+API = "#8250df"
+
+BLOCKS = (
+    ("air_hours", "In the air", AIR),
+    ("held_hours", "Held", HELD),
+    ("parked_hours", "Parked", PARKED),
+    ("offline_hours", "Offline", OFFLINE),
+)
+
+Figure = dict[str, Any]
+
+
+def _num(value: Decimal | float | int | None, digits: int = 4) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else round(value * 100, 2)
+
+
+def _layout(**extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "margin": {"l": 56, "r": 16, "t": 28, "b": 40},
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
+        "font": {
+            "family": "system-ui, -apple-system, Segoe UI, sans-serif",
+            "size": 12,
+            "color": "#1b1f24",
+        },
+        "hovermode": "x unified",
+        "legend": {
+            "orientation": "h",
+            "y": 1.12,
+            "x": 0,
+            "bgcolor": "rgba(0,0,0,0)",
+            "traceorder": "normal",
+        },
+        "xaxis": {"gridcolor": "#eaeef2", "zeroline": False},
+        "yaxis": {"gridcolor": "#eaeef2", "zeroline": False, "rangemode": "tozero"},
+        "height": 300,
+    }
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(layout.get(key), dict):
+            layout[key] = {**layout[key], **value}
+        else:
+            layout[key] = value
+    return layout
+
+
+def _days(rows: Sequence[CostRow]) -> list[str]:
+    return [r.period_start.date().isoformat() for r in rows]
+
+
+def _per_gpu_day(row: CostRow, hours: float) -> float | None:
+    """Fleet hours of one kind as hours per GPU in service per day (the block-hours scale on
+    which a day sums to 24)."""
+    if not row.capacity_hours:
+        return None
+    return round(hours / (row.capacity_hours / 24), 3)
+
+
+def _target_line(x: list[str], y: float, name: str) -> dict[str, Any]:
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": x,
+        "y": [y] * len(x),
+        "name": name,
+        "line": {"color": TARGET, "dash": "dash", "width": 2},
+        "hoverinfo": "skip",
+    }
+
+
+# --- overview -------------------------------------------------------------------------------
+def air_hours_trend(rows: Sequence[CostRow], *, target_utilization: float) -> Figure:
+    """Hours in the air per GPU per day, each day of the period, against the target."""
+    x = _days(rows)
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "x": x,
+                "y": [_num(r.hours_in_air_per_day, 2) for r in rows],
+                "name": "Hours in the air / GPU / day",
+                "marker": {"color": AIR},
+                "hovertemplate": "%{y:.1f} h<extra></extra>",
+            },
+            _target_line(
+                x, round(target_utilization * 24, 2), f"Target {target_utilization * 24:.1f} h"
+            ),
+        ],
+        "layout": _layout(yaxis={"title": {"text": "hours / GPU / day"}, "range": [0, 24]}),
+    }
+
+
+def utilization_trend(rows: Sequence[CostRow], *, target_utilization: float) -> Figure:
+    x = _days(rows)
+    return {
+        "data": [
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "x": x,
+                "y": [_pct(r.utilization) for r in rows],
+                "name": "Utilisation",
+                "line": {"color": AIR, "width": 2.5},
+                "fill": "tozeroy",
+                "fillcolor": "rgba(31,111,235,0.08)",
+                "hovertemplate": "%{y:.1f} %<extra></extra>",
+            },
+            _target_line(x, round(target_utilization * 100, 1), f"Target {target_utilization:.0%}"),
+        ],
+        "layout": _layout(yaxis={"title": {"text": "%"}, "range": [0, 100]}),
+    }
+
+
+def block_hours_stacked(
+    rows: Sequence[CostRow], *, x: list[str] | None = None, horizontal: bool = False
+) -> Figure:
+    """The block-hours breakdown (air / held / parked / offline), per GPU per day: each bar
+    sums to 24 h."""
+    labels = x if x is not None else _days(rows)
+    data = []
+    for attr, name, color in BLOCKS:
+        values = [_per_gpu_day(r, getattr(r, attr)) for r in rows]
+        trace: dict[str, Any] = {
+            "type": "bar",
+            "name": name,
+            "marker": {"color": color},
+            "hovertemplate": f"{name}: %{{{'x' if horizontal else 'y'}:.1f}} h<extra></extra>",
+        }
+        if horizontal:
+            trace.update(orientation="h", x=values, y=labels)
+        else:
+            trace.update(x=labels, y=values)
+        data.append(trace)
+    axis = {"title": {"text": "hours / GPU / day"}, "range": [0, 24], "dtick": 6}
+    layout = _layout(barmode="stack", bargap=0.15)
+    if horizontal:
+        layout["xaxis"] = {**layout["xaxis"], **axis}
+        layout["yaxis"] = {"automargin": True, "autorange": "reversed"}
+        layout["hovermode"] = "y unified"
+        layout["height"] = max(220, 26 * len(labels) + 80)
+    else:
+        layout["yaxis"] = {**layout["yaxis"], **axis}
+    return {"data": data, "layout": layout}
+
+
+def cost_trend(rows: Sequence[CostRow], *, currency: str) -> Figure:
+    """Per day: the cost of the hours in the air against the idle cost (together the total)."""
+    x = _days(rows)
+    busy = [_num(r.total_cost - r.idle_cost, 2) for r in rows]
+    idle = [_num(r.idle_cost, 2) for r in rows]
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "x": x,
+                "y": busy,
+                "name": "Cost of hours in the air",
+                "marker": {"color": AIR},
+                "hovertemplate": f"%{{y:,.2f}} {currency}<extra></extra>",
+            },
+            {
+                "type": "bar",
+                "x": x,
+                "y": idle,
+                "name": "Idle cost",
+                "marker": {"color": IDLE_MONEY},
+                "hovertemplate": f"%{{y:,.2f}} {currency}<extra></extra>",
+            },
+        ],
+        "layout": _layout(barmode="stack", yaxis={"title": {"text": currency}}),
+    }
+
+
+def cost_per_air_hour_trend(rows: Sequence[CostRow], *, currency: str) -> Figure:
+    """What one hour of real GPU work cost, against the nominal hourly rate."""
+    x = _days(rows)
+    return {
+        "data": [
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "x": x,
+                "y": [_num(r.cost_per_air_hour, 3) for r in rows],
+                "name": "Cost per air hour",
+                "line": {"color": IDLE_MONEY, "width": 2.5},
+                "hovertemplate": f"%{{y:,.2f}} {currency}<extra></extra>",
+            },
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": x,
+                "y": [_num(r.nominal_rate_per_hour, 3) for r in rows],
+                "name": "Nominal rate / GPU-hour",
+                "line": {"color": MONEY, "dash": "dot"},
+                "hovertemplate": f"%{{y:,.2f}} {currency}<extra></extra>",
+            },
+        ],
+        "layout": _layout(yaxis={"title": {"text": f"{currency} / hour"}}),
+    }
+
+
+def energy_trend(rows: Sequence[CostRow]) -> Figure:
+    x = _days(rows)
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "x": x,
+                "y": [_num(r.energy_kwh - r.idle_energy_kwh, 2) for r in rows],
+                "name": "kWh (active)",
+                "marker": {"color": AIR},
+                "hovertemplate": "%{y:,.0f} kWh<extra></extra>",
+            },
+            {
+                "type": "bar",
+                "x": x,
+                "y": [_num(r.idle_energy_kwh, 2) for r in rows],
+                "name": "kWh (idle)",
+                "marker": {"color": PARKED},
+                "hovertemplate": "%{y:,.0f} kWh<extra></extra>",
+            },
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": x,
+                "y": [_num(r.co2e_kg, 1) for r in rows],
+                "name": "CO2e kg",
+                "yaxis": "y2",
+                "line": {"color": TARGET},
+                "hovertemplate": "%{y:,.0f} kg<extra></extra>",
+            },
+        ],
+        "layout": _layout(
+            barmode="stack",
+            yaxis={"title": {"text": "kWh"}},
+            yaxis2={
+                "title": {"text": "kg CO2e"},
+                "overlaying": "y",
+                "side": "right",
+                "rangemode": "tozero",
+                "showgrid": False,
+            },
+            margin={"l": 56, "r": 56, "t": 28, "b": 40},
+        ),
+    }
+
+
+# --- heatmap --------------------------------------------------------------------------------
+def utilization_heatmap(
+    *, gpu_labels: list[str], columns: list[str], z: list[list[float | None]], by: str
+) -> Figure:
+    """GPUs × days (or hours) coloured by utilisation (%)."""
+    return {
+        "data": [
+            {
+                "type": "heatmap",
+                "x": columns,
+                "y": gpu_labels,
+                "z": z,
+                "zmin": 0,
+                "zmax": 100,
+                "colorscale": [
+                    [0, "#f6f8fa"],
+                    [0.05, "#dbe9ff"],
+                    [0.3, "#79b0ff"],
+                    [0.6, "#1f6feb"],
+                    [1, "#0a2f6b"],
+                ],
+                "colorbar": {"title": {"text": "util %"}, "thickness": 12},
+                "xgap": 1,
+                "ygap": 1,
+                "hovertemplate": "%{y}<br>%{x}<br>%{z:.0f} %<extra></extra>",
+            },
+        ],
+        "layout": _layout(
+            hovermode="closest",
+            height=max(320, 14 * len(gpu_labels) + 90),
+            yaxis={
+                "autorange": "reversed",
+                "automargin": True,
+                "tickfont": {"size": 10},
+                "gridcolor": "rgba(0,0,0,0)",
+            },
+            xaxis={
+                "title": {"text": "day" if by == "day" else "hour"},
+                "gridcolor": "rgba(0,0,0,0)",
+                "type": "category" if by == "hour" else "date",
+            },
+            margin={"l": 120, "r": 16, "t": 16, "b": 48},
+        ),
+    }
+
+
+# --- GPU detail -----------------------------------------------------------------------------
+def gpu_timeseries(
+    *,
+    x: list[str],
+    util_pct: list[float | None],
+    power_w: list[float | None],
+    temp_c: list[float | None],
+    throttled_pct: list[float | None],
+    title_suffix: str = "",
+) -> Figure:
+    """Four stacked panels sharing the time axis: utilisation, power, temperature, throttling."""
+
+    def line(
+        y: list[float | None], name: str, color: str, axis: str, unit: str, kind: str = "scatter"
+    ) -> dict[str, Any]:
+        trace: dict[str, Any] = {
+            "type": kind,
+            "x": x,
+            "y": y,
+            "name": name,
+            "yaxis": axis,
+            "marker": {"color": color},
+            "hovertemplate": f"%{{y:.1f}} {unit}<extra>{name}</extra>",
+        }
+        if kind == "scatter":
+            trace.update(mode="lines", line={"color": color, "width": 1.8})
+        return trace
+
+    layout = _layout(
+        height=560,
+        showlegend=False,
+        margin={"l": 64, "r": 16, "t": 16, "b": 40},
+        xaxis={"anchor": "y4", "gridcolor": "#eaeef2"},
+        yaxis={"domain": [0.78, 1], "title": {"text": "util %"}, "range": [0, 100]},
+        yaxis2={
+            "domain": [0.52, 0.74],
+            "title": {"text": "W"},
+            "rangemode": "tozero",
+            "gridcolor": "#eaeef2",
+        },
+        yaxis3={"domain": [0.26, 0.48], "title": {"text": "°C"}, "gridcolor": "#eaeef2"},
+        yaxis4={
+            "domain": [0, 0.22],
+            "title": {"text": "throttled %"},
+            "range": [0, 100],
+            "gridcolor": "#eaeef2",
+        },
+    )
+    return {
+        "data": [
+            line(util_pct, "Utilisation" + title_suffix, AIR, "y", "%"),
+            line(power_w, "Power", HELD, "y2", "W"),
+            line(temp_c, "Temperature", OFFLINE, "y3", "°C"),
+            line(throttled_pct, "Throttled", PARKED, "y4", "%", kind="bar"),
+        ],
+        "layout": layout,
+    }
+
+
+# --- teams and pools ------------------------------------------------------------------------
+def group_cost_bars(rows: Sequence[CostRow], *, currency: str) -> Figure:
+    """Per team or pool: the cost of the hours in the air and the idle cost, stacked."""
+    names = [r.name for r in rows]
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "orientation": "h",
+                "y": names,
+                "x": [_num(r.total_cost - r.idle_cost, 2) for r in rows],
+                "name": "Cost of hours in the air",
+                "marker": {"color": AIR},
+                "hovertemplate": f"%{{x:,.2f}} {currency}<extra></extra>",
+            },
+            {
+                "type": "bar",
+                "orientation": "h",
+                "y": names,
+                "x": [_num(r.idle_cost, 2) for r in rows],
+                "name": "Idle cost",
+                "marker": {"color": IDLE_MONEY},
+                "hovertemplate": f"%{{x:,.2f}} {currency}<extra></extra>",
+            },
+        ],
+        "layout": _layout(
+            barmode="stack",
+            hovermode="y unified",
+            height=max(220, 34 * len(rows) + 90),
+            yaxis={"autorange": "reversed", "automargin": True},
+            xaxis={"title": {"text": currency}},
+        ),
+    }
+
+
+def group_util_bars(rows: Sequence[CostRow], *, target_utilization: float) -> Figure:
+    names = [r.name for r in rows]
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "orientation": "h",
+                "y": names,
+                "x": [_pct(r.utilization) for r in rows],
+                "name": "Utilisation",
+                "marker": {"color": AIR},
+                "hovertemplate": "%{x:.1f} %<extra></extra>",
+            },
+        ],
+        "layout": _layout(
+            hovermode="y unified",
+            height=max(220, 34 * len(rows) + 90),
+            showlegend=False,
+            yaxis={"autorange": "reversed", "automargin": True},
+            xaxis={"title": {"text": "utilisation %"}, "range": [0, 100]},
+            shapes=[
+                {
+                    "type": "line",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": target_utilization * 100,
+                    "x1": target_utilization * 100,
+                    "y0": 0,
+                    "y1": 1,
+                    "line": {"color": TARGET, "dash": "dash", "width": 2},
+                }
+            ],
+        ),
+    }
+
+
+# --- break-even -----------------------------------------------------------------------------
+def _vline(
+    x: float, color: str, text: str, dash: str = "dash"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    shape = {
+        "type": "line",
+        "xref": "x",
+        "yref": "paper",
+        "x0": x,
+        "x1": x,
+        "y0": 0,
+        "y1": 1,
+        "line": {"color": color, "dash": dash, "width": 2},
+    }
+    note = {
+        "x": x,
+        "y": 0.98,
+        "xref": "x",
+        "yref": "paper",
+        "text": text,
+        "showarrow": False,
+        "yanchor": "top",
+        "xanchor": "left",
+        "xshift": 4,
+        "bgcolor": "rgba(255,255,255,0.85)",
+        "font": {"color": color, "size": 11},
+    }
+    return shape, note
+
+
+def breakeven_curve(result: BreakevenResult) -> Figure:
+    """Own cost per million tokens against utilisation, the API price, u* and today's u."""
+    us = [round(u * 100, 1) for u, _ in result.curve]
+    own = [_num(c, 4) for _, c in result.curve]
+    api = float(result.api_price_per_mtok)
+    shapes, notes = [], []
+    if result.breakeven_utilization is not None:
+        s, n = _vline(
+            result.breakeven_utilization * 100, API, f"u* {result.breakeven_utilization:.0%}"
+        )
+        shapes.append(s)
+        notes.append(n)
+    if result.utilization is not None:
+        s, n = _vline(result.utilization * 100, AIR, f"today {result.utilization:.0%}", "solid")
+        shapes.append(s)
+        notes.append(n)
+    return {
+        "data": [
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": us,
+                "y": own,
+                "name": "Own GPUs",
+                "line": {"color": MONEY, "width": 2.5},
+                "hovertemplate": f"%{{y:,.3f}} {result.currency} / M tok<extra>own</extra>",
+            },
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": [0, 100],
+                "y": [api, api],
+                "name": "API price",
+                "line": {"color": API, "width": 2.5},
+                "hovertemplate": f"%{{y:,.3f}} {result.currency} / M tok<extra>API</extra>",
+            },
+        ],
+        "layout": _layout(
+            height=380,
+            hovermode="x unified",
+            shapes=shapes,
+            annotations=notes,
+            xaxis={"title": {"text": "utilisation %"}, "range": [0, 100]},
+            yaxis={"title": {"text": f"{result.currency} per million tokens"}, "type": "log"},
+            margin={"l": 64, "r": 16, "t": 40, "b": 44},
+        ),
+    }
+
+
+def breakeven_month(result: BreakevenResult) -> Figure:
+    """Money per month at today's utilisation: owning against the API."""
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "x": ["Own GPUs", "API"],
+                "y": [_num(result.own_cost_per_month, 2), _num(result.api_cost_per_month, 2)],
+                "marker": {"color": [MONEY, API]},
+                "text": [
+                    f"{float(result.own_cost_per_month):,.0f}",
+                    f"{float(result.api_cost_per_month):,.0f}",
+                ],
+                "textposition": "outside",
+                "hovertemplate": f"%{{y:,.2f}} {result.currency}<extra></extra>",
+            },
+        ],
+        "layout": _layout(
+            height=300,
+            showlegend=False,
+            hovermode="closest",
+            yaxis={"title": {"text": f"{result.currency} / month"}},
+        ),
+    }
+
+
+def rent_curve(result: BreakevenResult) -> Figure | None:
+    """Own cost per hour of real work against renting on demand (only the air hours rented)."""
+    if result.rental_rate_per_hour is None or not result.tokens_per_s:
+        return None
+    mtok_per_air_hour = result.tokens_per_s * 3600 / 1e6  # unit change: M tokens per air hour
+    us = [round(u * 100, 1) for u, _ in result.curve]
+    own = [_num(float(c) * mtok_per_air_hour, 4) for _, c in result.curve]
+    rate = float(result.rental_rate_per_hour)
+    shapes, notes = [], []
+    if result.rent_breakeven_utilization is not None:
+        s, n = _vline(
+            result.rent_breakeven_utilization * 100,
+            API,
+            f"u* rent {result.rent_breakeven_utilization:.0%}",
+        )
+        shapes.append(s)
+        notes.append(n)
+    if result.utilization is not None:
+        s, n = _vline(result.utilization * 100, AIR, f"today {result.utilization:.0%}", "solid")
+        shapes.append(s)
+        notes.append(n)
+    return {
+        "data": [
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": us,
+                "y": own,
+                "name": "Own, per air hour",
+                "line": {"color": MONEY, "width": 2.5},
+                "hovertemplate": f"%{{y:,.2f}} {result.currency}<extra>own</extra>",
+            },
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": [0, 100],
+                "y": [rate, rate],
+                "name": "Rent on demand",
+                "line": {"color": HELD, "width": 2.5},
+                "hovertemplate": f"%{{y:,.2f}} {result.currency}<extra>rent</extra>",
+            },
+        ],
+        "layout": _layout(
+            height=320,
+            shapes=shapes,
+            annotations=notes,
+            xaxis={"title": {"text": "utilisation %"}, "range": [0, 100]},
+            yaxis={"title": {"text": f"{result.currency} per air hour"}, "type": "log"},
+            margin={"l": 64, "r": 16, "t": 40, "b": 44},
+        ),
+    }
+
+
+def iso_hours(hours: Iterable[dt.datetime]) -> list[str]:
+    return [h.isoformat() for h in hours]

@@ -1,0 +1,209 @@
+"""View helpers of the dashboard: the filters kept in the URL, ranges, small lookups.
+
+Nothing here computes a metric: every figure comes from ``billing.selectors`` (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+from urllib.parse import urlencode
+from zoneinfo import ZoneInfo
+
+from django.http import QueryDict
+from django.utils import timezone
+
+from billing.forms import FilterForm
+from billing.models import CostProfile
+from billing.selectors import Filters
+from fleet.models import FleetSettings, Gpu
+
+DEFAULT_DAYS = 30
+MAX_DAYS = 400  # a bound on what one page may ask the selectors for
+FILTER_KEYS = ("site", "pool", "team", "model")
+
+
+def report_zone(fleet_settings: FleetSettings) -> ZoneInfo:
+    try:
+        return ZoneInfo(fleet_settings.report_time_zone)
+    except (ValueError, KeyError):
+        return ZoneInfo("UTC")
+
+
+@dataclass
+class DashboardFilters:
+    """What the filter bar says: an inclusive date range in the report time zone and the
+    site/pool/team/model restriction. ``end`` here is inclusive (what a person types);
+    ``end_exclusive`` is what the selectors take."""
+
+    start: dt.date
+    end: dt.date
+    filters: Filters
+    form: FilterForm
+    fleet_settings: FleetSettings
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def end_exclusive(self) -> dt.date:
+        return self.end + dt.timedelta(days=1)
+
+    @property
+    def days(self) -> int:
+        return (self.end_exclusive - self.start).days
+
+    @property
+    def currency(self) -> str:
+        return self.fleet_settings.currency
+
+    @property
+    def target_utilization(self) -> float:
+        return float(self.fleet_settings.target_utilization)
+
+    def params(self) -> list[tuple[str, str]]:
+        pairs: list[tuple[str, str]] = [
+            ("from", self.start.isoformat()),
+            ("to", self.end.isoformat()),
+        ]
+        for key, values in zip(
+            FILTER_KEYS,
+            (self.filters.sites, self.filters.pools, self.filters.teams, self.filters.models),
+            strict=True,
+        ):
+            pairs += [(key, v) for v in values]
+        return pairs
+
+    @property
+    def querystring(self) -> str:
+        """The filters as a query string, to carry them on every link (no leading ``?``)."""
+        return urlencode(self.params())
+
+    def with_params(self, **extra: str) -> str:
+        return urlencode(self.params() + [(k, v) for k, v in extra.items() if v != ""])
+
+    @property
+    def active(self) -> bool:
+        return any(
+            (self.filters.sites, self.filters.pools, self.filters.teams, self.filters.models)
+        )
+
+
+def dashboard_filters(query: QueryDict, *, today: dt.date | None = None) -> DashboardFilters:
+    """Parse ``?from=&to=&site=&pool=&team=&model=`` (each filter repeatable). Bad values are
+    reported on the form and replaced by the defaults (the last 30 days, the whole fleet)."""
+    fleet_settings = FleetSettings.load()
+    if today is None:
+        today = timezone.now().astimezone(report_zone(fleet_settings)).date()
+    form = FilterForm(query)
+    form.is_valid()  # errors are shown; cleaned_data holds what was valid
+    data: dict[str, Any] = getattr(form, "cleaned_data", {})
+    end = data.get("to") or today
+    start = data.get("from") or end - dt.timedelta(days=DEFAULT_DAYS - 1)
+    if start > end:
+        start, end = end, start
+    if (end - start).days >= MAX_DAYS:
+        start = end - dt.timedelta(days=MAX_DAYS - 1)
+    filters = Filters(
+        sites=tuple(data.get("site") or ()),
+        pools=tuple(data.get("pool") or ()),
+        teams=tuple(data.get("team") or ()),
+        models=tuple(data.get("model") or ()),
+    )
+    return DashboardFilters(
+        start=start, end=end, filters=filters, form=form, fleet_settings=fleet_settings
+    )
+
+
+def range_bounds(flt: DashboardFilters) -> tuple[dt.datetime, dt.datetime]:
+    """The range as aware datetimes [start, end) in the report time zone."""
+    zone = report_zone(flt.fleet_settings)
+    start = dt.datetime.combine(flt.start, dt.time(), tzinfo=zone)
+    end = dt.datetime.combine(flt.end_exclusive, dt.time(), tzinfo=zone)
+    return start, end
+
+
+def gpu_cost_profile(gpu: Gpu) -> CostProfile | None:
+    """The cost profile that applies to this GPU: the most specific scope wins (GPU, node,
+    pool, site; DESIGN.md §3). One query for all four candidates."""
+    node = gpu.node
+    site = node.effective_site
+    candidates = {("gpu", gpu.uuid): 0, ("node", node.hostname): 1}
+    if node.pool_id and node.pool:
+        candidates[("pool", node.pool.name)] = 2
+    if site is not None:
+        candidates[("site", site.name)] = 3
+    from django.db.models import Q
+
+    query = Q(pk__in=[])
+    for kind, name in candidates:
+        query |= Q(scope_kind=kind, scope_name=name)
+    found = sorted(
+        CostProfile.objects.filter(query),
+        key=lambda p: candidates[(p.scope_kind, p.scope_name)],
+    )
+    return found[0] if found else None
+
+
+SORTS = {
+    # key: (label, attribute path on the board row, worst-first direction)
+    "util": ("Utilisation", "utilization", "asc"),
+    "air": ("Hours in the air / day", "hours_in_air_per_day", "asc"),
+    "idle_cost": ("Idle cost", "idle_cost", "desc"),
+    "offline": ("Offline hours", "offline_hours", "desc"),
+    "throttled": ("Throttled hours", "throttled_hours", "desc"),
+    "last_seen": ("Last seen", "last_seen", "asc"),
+    "name": ("GPU", "name", "asc"),
+}
+MONEY_SORTS = {"idle_cost"}
+
+
+# --- display formatting (money rounded half-up to cents only when shown, DESIGN.md §3) -----
+def money(value: Decimal | None, currency: str = "", places: int = 2) -> str:
+    if value is None:
+        return "–"
+    quant = Decimal(1).scaleb(-places)
+    text = f"{value.quantize(quant, rounding=ROUND_HALF_UP):,}"
+    return f"{text} {currency}".strip()
+
+
+def money_short(value: Decimal | None, currency: str = "") -> str:
+    """Big figures for cards: 12.3k, 1.25M (cents where the figure is small)."""
+    if value is None:
+        return "–"
+    number = float(value)
+    for bound, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(number) >= bound * 10:
+            return f"{number / bound:,.1f}{suffix} {currency}".strip()
+    return money(value, currency, 0 if abs(number) >= 1000 else 2)
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value * 100:.{digits}f} %"
+
+
+def num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def blocks(row: Any) -> list[dict[str, Any]]:
+    """The 24-hour bar of one row: air / held / parked / offline as shares of capacity."""
+    capacity = row.capacity_hours or 0.0
+    out = []
+    for attr, label, css in (
+        ("air_hours", "In the air", "air"),
+        ("held_hours", "Held", "held"),
+        ("parked_hours", "Parked", "parked"),
+        ("offline_hours", "Offline", "offline"),
+    ):
+        hours = getattr(row, attr) or 0.0
+        share = hours / capacity if capacity else 0.0
+        out.append(
+            {
+                "css": css,
+                "label": label,
+                "width": f"{share * 100:.2f}",
+                "per_day": f"{share * 24:.1f}",
+            }
+        )
+    return out

@@ -1,0 +1,150 @@
+"""Forms of the dashboard: the filter bar and the break-even calculator (both GET, so every
+view is a URL that can be bookmarked and shared)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+
+from fleet.models import GpuModel, Pool, Site, Team
+
+
+class FilterForm(forms.Form):
+    """``?from=&to=&site=&pool=&team=&model=``; each filter repeatable, names not ids, so a
+    URL survives a re-import of the fleet file."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        date_widget = forms.DateInput(attrs={"type": "date"})
+        # "from" is a Python keyword, hence fields added here rather than declared.
+        self.fields["from"] = forms.DateField(required=False, label="From", widget=date_widget)
+        self.fields["to"] = forms.DateField(required=False, label="To", widget=date_widget)
+        self.fields["site"] = forms.MultipleChoiceField(
+            required=False, choices=[(s, s) for s in Site.objects.values_list("name", flat=True)]
+        )
+        self.fields["pool"] = forms.MultipleChoiceField(
+            required=False, choices=[(p, p) for p in Pool.objects.values_list("name", flat=True)]
+        )
+        self.fields["team"] = forms.MultipleChoiceField(
+            required=False, choices=[(t, t) for t in Team.objects.values_list("name", flat=True)]
+        )
+        self.fields["model"] = forms.MultipleChoiceField(
+            required=False,
+            choices=list(
+                GpuModel.objects.filter(gpu__isnull=False).distinct().values_list("key", "name")
+            ),
+        )
+
+    def options(self) -> list[dict[str, Any]]:
+        """The four selects of the filter bar, with what is selected now."""
+        data = getattr(self, "cleaned_data", {}) or {}
+        out = []
+        for key, label in (
+            ("site", "Site"),
+            ("pool", "Pool"),
+            ("team", "Team"),
+            ("model", "GPU model"),
+        ):
+            selected = set(data.get(key) or ())
+            field = self.fields[key]
+            assert isinstance(field, forms.ChoiceField)
+            out.append(
+                {
+                    "key": key,
+                    "label": label,
+                    "choices": [
+                        {"value": v, "label": lab, "selected": v in selected}
+                        for v, lab in list(field.choices)  # type: ignore[arg-type]
+                    ],
+                }
+            )
+        return out
+
+
+class BreakevenForm(forms.Form):
+    """The workload profile of DESIGN.md §3's break-even: a pool, its throughput and an API
+    price, blended or as input and output prices with the output share of tokens."""
+
+    pool = forms.ChoiceField()
+    tokens_per_s = forms.FloatField(
+        label="Tokens/s per GPU",
+        min_value=0.001,
+        initial=2000,
+        help_text="At full load, for your model on this GPU",
+    )
+    price_mode = forms.ChoiceField(
+        choices=[("split", "Input and output prices"), ("blended", "Blended price")],
+        initial="split",
+        required=False,
+    )
+    api_price_per_mtok = forms.DecimalField(
+        label="API price / M tokens (blended)",
+        min_value=Decimal("0"),
+        required=False,
+        max_digits=12,
+        decimal_places=6,
+    )
+    api_input_price_per_mtok = forms.DecimalField(
+        label="API input price / M tokens",
+        min_value=Decimal("0"),
+        required=False,
+        initial=Decimal("0.20"),
+        max_digits=12,
+        decimal_places=6,
+    )
+    api_output_price_per_mtok = forms.DecimalField(
+        label="API output price / M tokens",
+        min_value=Decimal("0"),
+        required=False,
+        initial=Decimal("0.80"),
+        max_digits=12,
+        decimal_places=6,
+    )
+    output_share = forms.FloatField(
+        label="Output share of tokens",
+        min_value=0,
+        max_value=1,
+        initial=0.25,
+        required=False,
+    )
+    rental_rate_per_hour = forms.DecimalField(
+        label="On-demand rental / GPU-hour",
+        min_value=Decimal("0"),
+        required=False,
+        initial=Decimal("2.35"),
+        max_digits=12,
+        decimal_places=6,
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        pools = list(Pool.objects.values_list("name", flat=True))
+        self.fields["pool"].choices = [(p, p) for p in pools]  # type: ignore[attr-defined]
+        if pools:
+            self.fields["pool"].initial = pools[0]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        mode = data.get("price_mode") or "split"
+        if mode == "blended":
+            if data.get("api_price_per_mtok") is None:
+                self.add_error("api_price_per_mtok", "Give the blended API price.")
+        else:
+            for name in ("api_input_price_per_mtok", "api_output_price_per_mtok", "output_share"):
+                if data.get(name) is None:
+                    self.add_error(name, "Required with input and output prices.")
+        data["price_mode"] = mode
+        return data
+
+    @classmethod
+    def initial_query(cls, pool: str | None) -> dict[str, Any]:
+        """The defaults as submitted data, so the page shows a result on first load."""
+        form = cls()
+        data = {
+            name: field.initial for name, field in form.fields.items() if field.initial is not None
+        }
+        if pool:
+            data["pool"] = pool
+        return data

@@ -1,0 +1,190 @@
+"""The dashboard pages: permissions, figures, filters, the break-even form, query counts."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from tests.billing.test_dashboard_data import make_fleet, range_query
+
+pytestmark = pytest.mark.django_db
+
+PLOTLY_FINDER = "billing.staticfiles.PlotlyJsFinder"
+PAGES = ["overview", "fleet-board", "heatmap", "chargeback", "breakeven"]
+
+
+@pytest.fixture(autouse=True)
+def _plotly_finder(settings):
+    # Until config/settings lists the finder (see docs/dashboard.md), add it for these tests.
+    finders = list(
+        getattr(
+            settings,
+            "STATICFILES_FINDERS",
+            [
+                "django.contrib.staticfiles.finders.FileSystemFinder",
+                "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+            ],
+        )
+    )
+    if PLOTLY_FINDER not in finders:
+        settings.STATICFILES_FINDERS = finders + [PLOTLY_FINDER]
+
+
+def _url(name: str, *args: str, **extra: str) -> str:
+    return f"{reverse(name, args=args)}?{range_query(**extra)}"
+
+
+def _figure_ids(html: str) -> set[str]:
+    return set(re.findall(r'<script id="([\w-]+)" type="application/json">', html))
+
+
+@pytest.mark.smoke
+def test_every_page_renders_its_charts_for_finance(role_client):
+    gpus = make_fleet(4)
+    client = role_client("finance")
+    for name in PAGES:
+        response = client.get(_url(name))
+        assert response.status_code == 200, name
+        html = response.content.decode()
+        assert "script-src 'self'" in response["Content-Security-Policy"]
+        # Charts travel as JSON data, drawn by a static script: no inline script at all.
+        scripts = re.findall(r"<script([^>]*)>", html)
+        assert scripts and all('type="application/json"' in s or "src=" in s for s in scripts)
+        assert "/static/js/plotly.min.js" in html and "cdn" not in html.lower()
+        ids = _figure_ids(html)
+        assert ids, name
+        for fig_id in ids:
+            assert f'data-figure="{fig_id}"' in html, (name, fig_id)
+    detail = client.get(_url("gpu-detail", gpus[0].uuid))
+    assert detail.status_code == 200
+    assert {"chart-gpu-blocks", "chart-gpu-hourly", "chart-gpu-cost"} <= _figure_ids(
+        detail.content.decode()
+    )
+
+
+@pytest.mark.smoke
+def test_viewer_sees_no_money_and_no_break_even(role_client):
+    make_fleet(2)
+    client = role_client("viewer")
+    overview = client.get(_url("overview")).content.decode()
+    assert 'id="kpi-utilization"' in overview
+    assert "kpi-idle-cost" not in overview and "kpi-total-cost" not in overview
+    assert "chart-cost" not in _figure_ids(overview)
+    assert "USD" not in overview  # not even in the chart data
+    board = client.get(_url("fleet-board")).content.decode()
+    assert "Idle cost" not in board
+    chargeback = client.get(_url("chargeback")).content.decode()
+    assert "chart-team-cost" not in _figure_ids(chargeback)
+    assert client.get(_url("breakeven")).status_code == 403
+    assert "Break-even" not in overview  # not in the menu either
+
+
+def test_login_required_and_role_required(client, make_user):
+    response = client.get(reverse("overview"))
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+    client.force_login(make_user(None))
+    assert client.get(reverse("overview")).status_code == 403
+
+
+@pytest.mark.smoke
+def test_overview_figures_match_a_hand_computation(role_client):
+    # One owned GPU at 45 % all day for 3 days: 45.0 % utilisation, 10.8 h in the air per day.
+    make_fleet(1, air_fraction=0.45)
+    html = role_client("finance").get(_url("overview")).content.decode()
+    card = re.search(r'id="kpi-utilization">.*?<p class="value">([^<]+)<', html, re.S)
+    assert card and card.group(1) == "45.0 %"
+    card = re.search(r'id="kpi-air-hours">.*?<p class="value">([^<]+)<', html, re.S)
+    assert card and card.group(1) == "10.8"
+    # Total cost: 72 h × (30000 / 43830 + 0.10) + energy. Energy per hour: 3600 × 321 J =
+    # 0.321 kWh; 72 h → 23.112 kWh × 1.5 × 0.20 = 6.9336. Fixed 72 × 0.784463 = 56.4813.
+    card = re.search(r'id="kpi-total-cost">.*?<p class="sub">([^<]+)<', html, re.S)
+    assert card and card.group(1) == "63.41 USD"
+
+
+def test_a_filter_changes_the_figures_and_stays_in_the_links(role_client):
+    make_fleet(4)  # training: GPUs 0 and 2 (15 %, 45 %); inference: 1 and 3 (30 %, 60 %)
+    client = role_client("finance")
+
+    def utilisation(html: str) -> str:
+        match = re.search(r'id="kpi-utilization">.*?<p class="value">([^<]+)<', html, re.S)
+        assert match
+        return match.group(1)
+
+    whole = client.get(_url("overview")).content.decode()
+    training = client.get(_url("overview", pool="training")).content.decode()
+    assert utilisation(whole) == "37.5 %"
+    assert utilisation(training) == "30.0 %"
+    assert "pool=training" in re.search(r'href="/fleet/\?([^"]+)"', training).group(1)
+    board = client.get(_url("fleet-board", pool="inference")).content.decode()
+    assert "GPU-test-0001" in board and "GPU-test-0000" not in board
+
+
+def test_fleet_board_is_worst_first_and_sortable(role_client):
+    make_fleet(4)
+    client = role_client("viewer")
+    html = client.get(_url("fleet-board")).content.decode()
+    order = re.findall(r'class="uuid">(GPU-test-\d+)', html)
+    assert order == ["GPU-test-0000", "GPU-test-0001", "GPU-test-0002", "GPU-test-0003"]
+    html = client.get(_url("fleet-board", sort="util", dir="desc")).content.decode()
+    assert re.findall(r'class="uuid">(GPU-test-\d+)', html)[0] == "GPU-test-0003"
+    # a viewer cannot sort by money: falls back to utilisation
+    html = client.get(_url("fleet-board", sort="idle_cost")).content.decode()
+    assert re.findall(r'class="uuid">(GPU-test-\d+)', html)[0] == "GPU-test-0000"
+
+
+def test_break_even_form_recomputes(role_client):
+    make_fleet(2)
+    client = role_client("finance")
+
+    def u_star(**params: str) -> str:
+        html = client.get(_url("breakeven", **params)).content.decode()
+        match = re.search(r'id="kpi-ustar">.*?<p class="value">([^<]+)<', html, re.S)
+        assert match, html[-2000:]
+        return match.group(1)
+
+    base = {"pool": "training", "price_mode": "blended", "api_price_per_mtok": "0.60"}
+    slow = u_star(tokens_per_s="1000", **base)
+    fast = u_star(tokens_per_s="4000", **base)
+    assert slow != fast
+    assert float(fast.rstrip(" %")) < float(slow.rstrip(" %"))
+    assert u_star(tokens_per_s="10", **base) == "never"
+    bad = client.get(_url("breakeven", pool="training", tokens_per_s="-1"))
+    assert bad.status_code == 200 and "kpi-ustar" not in bad.content.decode()
+
+
+@pytest.mark.parametrize(
+    "page", ["overview", "fleet-board", "heatmap", "chargeback", "breakeven", "gpu-detail"]
+)
+def test_queries_per_page_do_not_grow_with_the_fleet(role_client, page):
+    gpus = make_fleet(2)
+    client = role_client("finance")
+    args = (gpus[0].uuid,) if page == "gpu-detail" else ()
+    client.get(_url(page, *args))  # warm caches (content types, sessions)
+
+    def count() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            assert client.get(_url(page, *args)).status_code == 200
+        return len(ctx.captured_queries)
+
+    small = count()
+    make_fleet(10)
+    assert count() == small
+
+
+def test_plotly_js_is_served_from_the_installed_package(client):
+    import plotly
+    from django.contrib.staticfiles import finders
+
+    from billing.staticfiles import plotly_js_path
+
+    found = finders.find("js/plotly.min.js")
+    assert found == str(plotly_js_path())
+    assert plotly.__file__.rsplit("/", 1)[0] in found
+    response = client.get("/static/js/plotly.min.js")
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content)
+    assert body == plotly_js_path().read_bytes()

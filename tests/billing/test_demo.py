@@ -1,0 +1,79 @@
+"""``manage.py demo``: the fleet, the history through the ingest service, the rollup, the
+logins, and the live agents' HTTP pushes to the served /api/v1/ingest."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+
+@pytest.mark.smoke
+@pytest.mark.django_db
+def test_demo_generates_a_fleet_and_rolls_it_up() -> None:
+    from django.contrib.auth import authenticate
+
+    from billing.models import CostProfile
+    from fleet.models import Gpu, Pool, Site, Team
+    from telemetry.models import HourlyUsage, Sample
+
+    out = io.StringIO()
+    call_command("demo", no_serve=True, gpus=6, days=1, stdout=out, stderr=io.StringIO())
+    lines = out.getvalue().strip().splitlines()
+    assert lines[-1].startswith("Login: demo / demo")
+    assert set(Site.objects.values_list("name", flat=True)) == {"fra1", "ams1", "iad1"}
+    assert Pool.objects.count() == 6 and Team.objects.count() == 4
+    assert set(CostProfile.objects.values_list("kind", flat=True)) == {"owned", "rented"}
+    gpus = Gpu.objects.count()
+    assert gpus == 6  # one per group: every pool, model and fault is represented
+    assert Gpu.objects.filter(node__pool__isnull=True).count() == 0
+    assert Gpu.objects.values("model").distinct().count() == 5
+    # 24 h of 15-minute samples per GPU came through the ingest service and were rolled up.
+    assert Sample.objects.count() == gpus * 96
+    assert HourlyUsage.objects.count() == gpus * 24
+    assert authenticate(username="demo", password="demo") is not None
+    # Run again: nothing is generated twice, nothing breaks.
+    call_command("demo", no_serve=True, gpus=6, days=1, stdout=io.StringIO(), stderr=io.StringIO())
+    assert Sample.objects.count() == gpus * 96
+
+
+@pytest.mark.django_db
+def test_fresh_refuses_to_delete_a_server_database(settings: Any) -> None:
+    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        pytest.skip("only meaningful with DATABASE_URL set")
+    with pytest.raises(CommandError, match="--fresh"):
+        call_command("demo", fresh=True, no_serve=True, stdout=io.StringIO())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_live_agents_post_to_the_served_ingest_endpoint(live_server: Any) -> None:
+    """The streaming part is real HTTP with node tokens: samples arrive via /api/v1/ingest."""
+    from billing.management.commands.demo import _floor, _live_agents, demo_spec
+    from fleet.models import Node
+    from fleet.services import node_token_issue
+    from telemetry.agent.fake import FakeFleet
+    from telemetry.models import Sample
+
+    groups, _ = demo_spec(6)
+    since = _floor(timezone.now(), 60) - dt.timedelta(minutes=3)
+    fleet = FakeFleet(groups, seed=3, epoch=since)
+    tokens = {h: node_token_issue(hostname=h) for h in fleet.nodes}
+    stop = threading.Event()
+    agents = threading.Thread(
+        target=_live_agents, args=(fleet, tokens, live_server.url, since, 60, stop), daemon=True
+    )
+    agents.start()
+    deadline = time.monotonic() + 60
+    while Sample.objects.count() < 6 * 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stop.set()
+    agents.join(timeout=30)
+    assert Sample.objects.count() >= 6 * 3  # 3 whole minutes × 6 GPUs at least
+    assert Node.objects.filter(last_seen_at__isnull=False).count() == len(fleet.nodes)
