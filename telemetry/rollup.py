@@ -1,0 +1,338 @@
+"""Hourly per-GPU rollups of raw samples (DESIGN.md §3), computed in the database.
+
+Ingest marks the hours it touched (``telemetry.pending.hours_mark``); :func:`rollup_run`
+recomputes the marked hours in batches, each batch one set-based statement
+(``telemetry/sql/rollup_upsert.*.sql``), and clears the marks it read in the same transaction:
+that is the watermark. A worker killed halfway leaves the marks of its open batch, and the next
+run redoes them; two runs at once are serialised by a lock, so either way the rows end the same
+as after one clean run.
+
+Hours older than the raw-retention horizon are never recomputed: retention may have dropped
+their samples, and a rollup of no samples would delete history that only the rollups keep.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from fleet.models import FleetSettings
+from telemetry.pending import hours_mark
+from telemetry.selectors import rollup_lag_seconds
+
+logger = logging.getLogger(__name__)
+
+SQL_DIR = Path(__file__).resolve().parent / "sql"
+HOUR = dt.timedelta(hours=1)
+# 24 hours per statement: a day of a large fleet is one statement (DESIGN.md §6), while a
+# backfill of months still commits, and shows progress, a day at a time.
+BATCH_HOURS = 24
+# A batch never spans more than this from its first hour: the statement scans the batch's
+# span of the start index, so a late sample of last week and this hour go in separate batches.
+BATCH_SPAN = dt.timedelta(hours=48)
+# The advisory lock that names "the rollup" on PostgreSQL (any constant bigint will do; this is
+# b"gpuroll" read as an integer, so it is unlikely to collide with another application's key).
+ROLLUP_LOCK_KEY = 0x677075726F6C6C
+# SQLite: the hour key of a sample or row, as Django stores datetimes there (naive UTC text).
+SQLITE_HOUR_FMT = "%Y-%m-%d %H:00:00"
+# Test-only: seconds to sleep inside each batch's transaction after its upsert, so the fault
+# tests can kill a worker mid-batch. Unset (and read as 0) everywhere else.
+TEST_SLEEP_ENV = "GPUFLEET_ROLLUP_TEST_SLEEP_S"
+
+
+@dataclass(frozen=True)
+class RollupResult:
+    """What one run did: hours recomputed, rows written (upserted) and deleted (no longer
+    counted), hours skipped as older than the retention horizon, and the lag left behind."""
+
+    hours: int = 0
+    rows: int = 0
+    deleted: int = 0
+    skipped_hours: int = 0
+    lag_s: float = 0.0
+    busy: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        text = (
+            f"rollup: {self.hours} hours rolled, {self.rows} rows written, "
+            f"{self.deleted} rows deleted, {self.skipped_hours} hours skipped, "
+            f"lag {self.lag_s:.0f} s"
+        )
+        return text + (" (stopped: another rollup holds the lock)" if self.busy else "")
+
+
+@dataclass(frozen=True)
+class _Mark:
+    hour: dt.datetime  # aware UTC hour start
+    raw_hour: Any  # the value as the database returned it, to clear exactly that row
+    version: int
+
+
+@cache
+def _sql(name: str) -> str:
+    """The statement in ``telemetry/sql/<name>.sql`` (comments and all: they cost nothing)."""
+    return (SQL_DIR / f"{name}.sql").read_text()
+
+
+def _is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def _dialect_sql(name: str) -> str:
+    return _sql(f"{name}.{'postgresql' if _is_postgres() else 'sqlite'}")
+
+
+def _as_utc(value: Any) -> dt.datetime:
+    """A datetime as the database returned it (SQLite may return text) → aware UTC."""
+    parsed = value if isinstance(value, dt.datetime) else parse_datetime(str(value))
+    if parsed is None:
+        raise ValueError(f"not a datetime: {value!r}")
+    if timezone.is_naive(parsed):  # SQLite stores naive UTC
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.astimezone(dt.UTC)
+
+
+def _hour_floor(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _sqlite_text(value: dt.datetime) -> str:
+    # The text Django's SQLite backend writes for an aware datetime with USE_TZ (naive UTC).
+    return value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ")
+
+
+def retention_horizon(*, now: dt.datetime | None = None) -> dt.datetime:
+    """The first hour whose raw samples retention has certainly left whole.
+
+    Retention drops samples older than ``RAW_RETENTION_DAYS``; the hour that holds that cutoff
+    may be cut in two, so the horizon is the next whole hour. Older hours are never recomputed.
+    """
+    cutoff = (now or timezone.now()) - dt.timedelta(days=settings.RAW_RETENTION_DAYS)
+    return _hour_floor(cutoff) + HOUR
+
+
+def _batches(hours: Sequence[dt.datetime]) -> Iterator[list[dt.datetime]]:
+    """Sorted hours → batches of at most BATCH_HOURS hours spanning at most BATCH_SPAN."""
+    batch: list[dt.datetime] = []
+    for hour in sorted(set(hours)):
+        if batch and (len(batch) >= BATCH_HOURS or hour - batch[0] >= BATCH_SPAN):
+            yield batch
+            batch = []
+        batch.append(hour)
+    if batch:
+        yield batch
+
+
+def _lock(*, wait: bool) -> bool:
+    """Take the rollup lock for the current transaction; False when busy and not waiting.
+
+    PostgreSQL: an advisory transaction lock, released by commit, rollback or a dead
+    connection. SQLite: the settings open every transaction with BEGIN IMMEDIATE, which already
+    holds the database's write lock, so rollups (and ingest) are serialised by then.
+    """
+    if not _is_postgres():
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _sql(f"rollup_lock_{'wait' if wait else 'try'}.postgresql"), {"key": ROLLUP_LOCK_KEY}
+        )
+        row = cursor.fetchone()
+    return wait or bool(row and row[0])
+
+
+def _recompute(batch: list[dt.datetime], *, active_util_pct: float) -> tuple[int, int]:
+    """Recompute one batch of hours in the current transaction → (rows written, rows deleted)."""
+    now = timezone.now()
+    lo, hi = batch[0], batch[-1] + HOUR
+    contiguous = len(batch) == (hi - lo) // HOUR
+    with connection.cursor() as cursor:
+        if _is_postgres():
+            cursor.execute(
+                _sql("rollup_upsert.postgresql"),
+                {
+                    "hours": batch,
+                    "lo": lo,
+                    "hi": hi,
+                    "contiguous": contiguous,
+                    "active_util_pct": active_util_pct,
+                    "now": now,
+                },
+            )
+            row = cursor.fetchone()
+            assert row is not None
+            return int(row[0]), int(row[1])
+        hours_json = json.dumps([_sqlite_text(h) for h in batch])
+        cursor.execute(_sql("rollup_stale_delete.sqlite"), {"hours": hours_json})
+        deleted = _sqlite_changes(cursor)
+        cursor.execute(
+            _sql("rollup_upsert.sqlite"),
+            {
+                "hours": hours_json,
+                "lo": _sqlite_text(lo),
+                "hi": _sqlite_text(hi),
+                "contiguous": contiguous,
+                "hour_fmt": SQLITE_HOUR_FMT,
+                "active_util_pct": active_util_pct,
+                "now": _sqlite_text(now),
+            },
+        )
+        return _sqlite_changes(cursor), deleted
+
+
+def _sqlite_changes(cursor: Any) -> int:
+    # sqlite3's rowcount is -1 for a statement that starts with WITH; changes() is exact
+    # (rows inserted or updated by the upsert, or deleted).
+    cursor.execute("SELECT changes()")
+    return int(cursor.fetchone()[0])
+
+
+def _marks_read(*, after: Any, limit: int) -> list[_Mark]:
+    with connection.cursor() as cursor:
+        cursor.execute(_sql("rollup_marks_read"), {"after": after, "limit": limit})
+        rows = cursor.fetchall()
+    return [_Mark(hour=_as_utc(raw), raw_hour=raw, version=int(v)) for raw, v in rows]
+
+
+def _marks_clear(marks: Sequence[_Mark]) -> None:
+    """Delete these marks at the version read (the watermark; see rollup_marks_clear.*.sql)."""
+    if not marks:
+        return
+    with connection.cursor() as cursor:
+        if _is_postgres():
+            cursor.execute(
+                _sql("rollup_marks_clear.postgresql"),
+                {"hours": [m.raw_hour for m in marks], "versions": [m.version for m in marks]},
+            )
+        else:
+            cursor.executemany(
+                _sql("rollup_marks_clear.sqlite"),
+                [{"hour": m.raw_hour, "version": m.version} for m in marks],
+            )
+
+
+def _test_sleep() -> None:
+    seconds = float(os.environ.get(TEST_SLEEP_ENV) or 0)
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def rollup_run(
+    *,
+    max_hours: int | None = None,
+    wait: bool = True,
+    on_batch: Callable[[int], None] | None = None,
+) -> RollupResult:
+    """Bring the marked hours up to date, oldest first; at most ``max_hours`` of them.
+
+    Each batch is one transaction: take the lock, read the next marks with their versions,
+    recompute those hours in one statement, clear the marks at the versions read, commit.
+    ``wait=False`` (the periodic task) stops at once when another rollup holds the lock: that
+    one is already draining the queue. ``on_batch(n)`` is called after each committed batch of
+    n hours (the backfill's progress bar).
+    """
+    active_util_pct = FleetSettings.load().active_util_pct
+    horizon = retention_horizon()
+    taken = hours_done = rows = deleted = skipped = 0
+    busy = False
+    after: Any = None
+    while max_hours is None or taken < max_hours:
+        limit = BATCH_HOURS if max_hours is None else min(BATCH_HOURS, max_hours - taken)
+        with transaction.atomic():
+            # The lock is taken before the marks are read, so two runs never take the same
+            # marks: the second reads them only after the first has committed and cleared them.
+            if not _lock(wait=wait):
+                busy = True
+                break
+            marks = _marks_read(after=after, limit=limit)
+            if not marks:
+                break
+            # The batch is cut where its span grows too long; the rest is read next time.
+            batch = next(_batches([m.hour for m in marks]))
+            marks = [m for m in marks if m.hour <= batch[-1]]
+            after = marks[-1].raw_hour
+            old = [m for m in marks if m.hour < horizon]
+            live = [m.hour for m in marks if m.hour >= horizon]
+            if old:
+                logger.warning(
+                    "rollup: %d marked hours before the retention horizon %s left as they are",
+                    len(old),
+                    horizon.isoformat(),
+                )
+            if live:
+                written, gone = _recompute(live, active_util_pct=active_util_pct)
+                rows += written
+                deleted += gone
+                _test_sleep()
+            _marks_clear(marks)
+        taken += len(marks)
+        hours_done += len(live)
+        skipped += len(old)
+        if on_batch is not None:
+            on_batch(len(marks))
+    result = RollupResult(
+        hours=hours_done,
+        rows=rows,
+        deleted=deleted,
+        skipped_hours=skipped,
+        lag_s=rollup_lag_seconds(),
+        busy=busy,
+    )
+    # Quiet when there was nothing to do: the periodic task runs every minute.
+    level = logging.INFO if (hours_done or skipped or busy) else logging.DEBUG
+    logger.log(level, "%s", result)
+    return result
+
+
+def rollup_hours(hours: list[dt.datetime]) -> int:
+    """Recompute exactly these hours now (marks untouched) → rows written.
+
+    Hours are floored to the hour; hours before the retention horizon are left as they are.
+    Waits for a running rollup, then computes batch by batch under the same lock.
+    """
+    active_util_pct = FleetSettings.load().active_util_pct
+    horizon = retention_horizon()
+    wanted = [h for h in {_hour_floor(h) for h in hours} if h >= horizon]
+    rows = 0
+    for batch in _batches(wanted):
+        with transaction.atomic():
+            _lock(wait=True)
+            rows += _recompute(batch, active_util_pct=active_util_pct)[0]
+    return rows
+
+
+def rollup_backfill_mark() -> int:
+    """Mark every hour since the retention horizon that has samples or rollup rows → count.
+
+    ``manage.py rollup --all`` then recomputes them all (after a rule or threshold changed).
+    """
+    horizon = retention_horizon()
+    with connection.cursor() as cursor:
+        if _is_postgres():
+            cursor.execute(_sql("rollup_hours_with_data.postgresql"), {"since": horizon})
+        else:
+            cursor.execute(
+                _sql("rollup_hours_with_data.sqlite"),
+                {"since": _sqlite_text(horizon), "hour_fmt": SQLITE_HOUR_FMT},
+            )
+        hours = [_as_utc(row[0]) for row in cursor.fetchall()]
+    # Marked in chunks: hours_mark builds one statement per call.
+    for start in range(0, len(hours), 1000):
+        with transaction.atomic():
+            hours_mark(hours[start : start + 1000])
+    return len(hours)
