@@ -1,3 +1,9 @@
-from django.urls import URLPattern, URLResolver
+"""Telemetry endpoints, mounted under ``api/v1/`` by ``config.urls``."""
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from django.urls import URLPattern, URLResolver, path
+
+from telemetry.api.views import IngestView
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("ingest", IngestView.as_view(), name="ingest"),
+]

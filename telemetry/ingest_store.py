@@ -1,0 +1,249 @@
+"""Writes validated raw samples: COPY on PostgreSQL, one multi-row INSERT OR IGNORE on SQLite.
+
+A row is a tuple in :data:`COLUMNS` order, built by ``telemetry.ingest``. Within one
+transaction the store inserts the new samples, leaves duplicates ``(gpu_id, start)`` untouched,
+moves each GPU's ``first_seen_at`` / ``last_seen_at`` and marks the hours that received samples
+for the rollup (one statement each), so a rollup never sees samples its mark does not cover.
+
+PostgreSQL has two ways in (measured in bench/ingest.py and docs/benchmarks.md):
+
+- optimistic (``skip_duplicates=False``): binary COPY straight into ``telemetry_sample``. COPY
+  batches its inserts into the partitions; an ``INSERT … SELECT … ON CONFLICT`` inserts row by
+  row with a speculative check each, which doubled the database time of a 1,000-sample batch.
+  Nearly every push holds only new samples, so this is the usual path. A duplicate makes the
+  COPY fail with a unique violation: :class:`DuplicateSamples` is raised, the caller's
+  transaction rolls back and it calls again with
+- ``skip_duplicates=True``: COPY into a session-private staging table, then one
+  ``INSERT … SELECT … ON CONFLICT DO NOTHING RETURNING`` that stores the new rows and counts
+  them, so duplicates change nothing and are counted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import IntegrityError, connection
+from django.db.models import DateTimeField, Value
+from django.db.models.functions import Coalesce, Greatest, Least
+
+from fleet.models import Gpu
+from telemetry.pending import hours_mark
+
+COLUMNS = (
+    "gpu_id",
+    "start",
+    "seconds",
+    "util_pct",
+    "mem_util_pct",
+    "mem_used_bytes",
+    "procs",
+    "power_w",
+    "energy_j",
+    "temp_c",
+    "sm_clock_mhz",
+    "throttle_power_cap_s",
+    "throttle_thermal_s",
+    "throttle_hw_slowdown_s",
+    "throttle_other_s",
+    "throttle_any_s",
+    "active_s",
+    "sm_active",
+    "received_at",
+)
+# PostgreSQL types of COLUMNS, for binary COPY (which sends no type information itself).
+COPY_TYPES = (
+    "int8",
+    "timestamptz",
+    "int2",
+    "float8",
+    "float8",
+    "int8",
+    "int2",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "timestamptz",
+)
+STAGE_TABLE = "telemetry_ingest_stage"
+_COLS = ", ".join(COLUMNS)
+
+# A session-private staging table: COPY cannot skip duplicates, INSERT … SELECT … ON CONFLICT
+# can. ON COMMIT DELETE ROWS resets its storage at every commit; the DELETE … RETURNING below
+# empties it within the statement too, so a batch never sees another's rows even inside an
+# outer transaction that has not committed yet (tests, nested atomic blocks).
+_STAGE_CREATE = (
+    f"CREATE TEMP TABLE IF NOT EXISTS {STAGE_TABLE} "
+    "(LIKE telemetry_sample INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_STAGE_COPY = f"COPY {STAGE_TABLE} ({_COLS}) FROM STDIN (FORMAT BINARY)"
+# One statement: move the staged rows into the partitioned table (duplicates do nothing), move
+# each GPU's first/last seen from the rows really inserted, and return the hours they touched.
+# LEAST/GREATEST ignore NULLs, so a GPU's first sample sets both. Hours are UTC hours.
+_STAGE_MERGE = f"""
+WITH staged AS (
+    DELETE FROM {STAGE_TABLE} RETURNING {_COLS}
+), inserted AS (
+    INSERT INTO telemetry_sample ({_COLS})
+    SELECT {_COLS} FROM staged
+    ON CONFLICT (gpu_id, start) DO NOTHING
+    RETURNING gpu_id, start, seconds
+), per_gpu AS (
+    SELECT gpu_id, min(start) AS first_start,
+           max(start + seconds * interval '1 second') AS last_end
+    FROM inserted GROUP BY gpu_id
+), seen AS (
+    UPDATE fleet_gpu AS g
+    SET first_seen_at = LEAST(g.first_seen_at, p.first_start),
+        last_seen_at = GREATEST(g.last_seen_at, LEAST(p.last_end, %s))
+    FROM per_gpu AS p WHERE g.id = p.gpu_id
+)
+SELECT date_trunc('hour', start, 'UTC'), count(*) FROM inserted GROUP BY 1
+"""  # noqa: S608 - table and column names are constants of this module
+
+# Raw psycopg connections whose session already holds the staging table (set after a commit:
+# a rolled-back CREATE leaves no table behind).
+_staged_sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+
+_GPU_SEEN = """
+UPDATE fleet_gpu AS g
+SET first_seen_at = LEAST(g.first_seen_at, v.first_start),
+    last_seen_at = GREATEST(g.last_seen_at, v.last_end)
+FROM (VALUES {values}) AS v(id, first_start, last_end)
+WHERE g.id = v.id
+"""
+_DIRECT_COPY = f"COPY telemetry_sample ({_COLS}) FROM STDIN (FORMAT BINARY)"
+
+
+class DuplicateSamples(Exception):
+    """The optimistic COPY met a sample already stored (or one twice in the batch)."""
+
+
+# SQLite allows 32,766 bound parameters per statement; 19 columns × 1,000 rows stays below.
+SQLITE_CHUNK_ROWS = 1000
+
+
+def samples_store(
+    *, rows: Sequence[tuple[Any, ...]], now: dt.datetime, skip_duplicates: bool = True
+) -> int:
+    """Insert ``rows``; returns how many were new (the rest were duplicates).
+
+    Call inside ``transaction.atomic()``: the samples, the GPUs' first/last seen and the
+    pending hours must commit together. With ``skip_duplicates=False`` (PostgreSQL's fast
+    path) a duplicate raises :class:`DuplicateSamples`; roll back and call again with True.
+    """
+    if not rows:
+        return 0
+    if connection.vendor != "postgresql":
+        return _store_generic(rows, now)
+    if skip_duplicates:
+        return _store_staged(rows, now)
+    return _store_direct(rows, now)
+
+
+def _copy(cursor: Any, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Binary COPY of ``rows``; psycopg's errors become Django's (a lost connection is then
+    an OperationalError, which the API answers with 503)."""
+    with connection.wrap_database_errors, cursor.copy(sql) as copy:
+        copy.set_types(COPY_TYPES)
+        for row in rows:
+            copy.write_row(row)
+
+
+def _store_direct(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+    import psycopg
+
+    with connection.cursor() as cursor:
+        try:
+            _copy(cursor, _DIRECT_COPY, rows)
+        except IntegrityError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                raise
+            raise DuplicateSamples(str(exc).splitlines()[0]) from exc
+        # Every row is new: first/last seen and the hours come from the rows themselves.
+        seen = _seen_per_gpu(rows, now)
+        values = ", ".join(["(%s::bigint, %s::timestamptz, %s::timestamptz)"] * len(seen))
+        params: list[Any] = []
+        # In id order, so two pushes of one node lock their GPUs' rows in the same order.
+        for gpu_id, (first, last) in sorted(seen.items()):
+            params += [gpu_id, first, last]
+        cursor.execute(_GPU_SEEN.format(values=values), params)
+    hours_mark({_hour(row[1]) for row in rows})
+    return len(rows)
+
+
+def _hour(moment: dt.datetime) -> dt.datetime:
+    return moment.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _seen_per_gpu(
+    rows: Sequence[tuple[Any, ...]], now: dt.datetime
+) -> dict[int, tuple[dt.datetime, dt.datetime]]:
+    """Per GPU: the earliest start and the latest end (not past ``now``) of ``rows``."""
+    seen: dict[int, tuple[dt.datetime, dt.datetime]] = {}
+    for row in rows:
+        gpu_id, start, seconds = row[0], row[1], row[2]
+        end = min(start + dt.timedelta(seconds=seconds), now)
+        current = seen.get(gpu_id)
+        if current is None:
+            seen[gpu_id] = (start, end)
+        elif start < current[0] or end > current[1]:
+            seen[gpu_id] = (min(current[0], start), max(current[1], end))
+    return seen
+
+
+def _store_staged(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.cursor() as cursor:
+        if raw not in _staged_sessions:
+            cursor.execute(_STAGE_CREATE)
+            connection.on_commit(lambda: _staged_sessions.add(raw))
+        _copy(cursor, _STAGE_COPY, rows)
+        cursor.execute(_STAGE_MERGE, [now])
+        touched = cursor.fetchall()
+    hours_mark(hour for hour, _ in touched)
+    return sum(n for _, n in touched)
+
+
+def _store_generic(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+    """SQLite (the embedded default): small volumes, so plain SQL and the ORM suffice."""
+    adapt = connection.ops.adapt_datetimefield_value
+    by_key: dict[tuple[int, Any], tuple[Any, ...]] = {}
+    inserted: list[tuple[Any, ...]] = []
+    one = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
+    with connection.cursor() as cursor:
+        for at in range(0, len(rows), SQLITE_CHUNK_ROWS):
+            chunk = rows[at : at + SQLITE_CHUNK_ROWS]
+            params: list[Any] = []
+            for row in chunk:
+                start = adapt(row[1])
+                by_key.setdefault((row[0], start), row)  # the first of a repeated key wins
+                params += [row[0], start, *row[2:-1], adapt(row[-1])]
+            cursor.execute(
+                f"INSERT OR IGNORE INTO telemetry_sample ({_COLS}) VALUES "  # noqa: S608
+                + ", ".join([one] * len(chunk))
+                + " RETURNING gpu_id, start",
+                params,
+            )
+            # The driver may hand ``start`` back parsed (naive UTC) or as stored text.
+            inserted += [by_key[(gpu_id, str(start))] for gpu_id, start in cursor.fetchall()]
+    for gpu_id, (first, last) in _seen_per_gpu(inserted, now).items():
+        first_v = Value(first, output_field=DateTimeField())
+        last_v = Value(last, output_field=DateTimeField())
+        Gpu.objects.filter(pk=gpu_id).update(
+            first_seen_at=Least(Coalesce("first_seen_at", first_v), first_v),
+            last_seen_at=Greatest(Coalesce("last_seen_at", last_v), last_v),
+        )
+    hours_mark({_hour(row[1]) for row in inserted})
+    return len(inserted)
