@@ -37,6 +37,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# Both servers log at WARNING: an access line per request would cost the in-process path a
+# write to the terminal that gunicorn (started with LOG_LEVEL=WARNING) does not pay.
+os.environ.setdefault("LOG_LEVEL", "WARNING")
 
 GPUS = 8
 DOCS = ROOT / "docs" / "benchmarks.md"

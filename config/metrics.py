@@ -15,9 +15,13 @@ What an operator alerts on (docs/deploy.md):
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
 from django.db.models import Min, Sum
 from django.utils import timezone
 
@@ -56,19 +60,60 @@ COUNTERS = (
 )
 
 
-def counter_incr(name: str, value: int = 1) -> None:
-    """Add ``value`` to counter ``name`` (e.g. ``ingest_samples_accepted``); never raises."""
+# One redis.Redis object per cache backend: Django builds a new one per cache call (~0.1 ms of
+# Python); the object only wraps the backend's thread-safe connection pool. Keyed weakly by the
+# backend, so ``override_settings(CACHES=…)`` (a new backend object) gets its own.
+_redis_clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def redis_client(backend: Any) -> Any | None:
+    """The cached raw client of a Django ``RedisCache`` backend (writes), or None for others."""
+    if not isinstance(backend, RedisCache):
+        return None
+    client = _redis_clients.get(backend)
+    if client is None:
+        client = _redis_clients[backend] = backend._cache.get_client(None, write=True)
+    return client
+
+
+def counters_incr(values: Mapping[str, int]) -> None:
+    """Add to several counters at once (one pipelined round trip on Redis); never raises.
+
+    Zero values are skipped. Redis INCRBY creates a missing key, and Django's Redis cache keeps
+    integers unpickled, so ``counter_get`` reads the same number.
+    """
+    todo = {name: value for name, value in values.items() if value}
+    if not todo:
+        return
+    try:
+        backend = caches["default"]
+        client = redis_client(backend)
+        if client is None:
+            for name, value in todo.items():
+                _counter_incr_generic(name, value)
+            return
+        pipe = client.pipeline(transaction=False)
+        for name, value in todo.items():
+            pipe.incrby(backend.make_and_validate_key(COUNTER_PREFIX + name), value)
+        pipe.execute()
+    except Exception:  # noqa: BLE001 - metrics must never break the request
+        logger.debug("metrics counters %s not counted: cache unavailable", list(todo))
+
+
+def _counter_incr_generic(name: str, value: int) -> None:
     key = COUNTER_PREFIX + name
     try:
-        try:
+        cache.incr(key, value)
+    except ValueError:  # not there yet
+        # add() is atomic: of two processes racing to create the key, one adds and the
+        # other increments what the first added, so no increment is lost.
+        if not cache.add(key, value, timeout=None):
             cache.incr(key, value)
-        except ValueError:  # not there yet
-            # add() is atomic: of two processes racing to create the key, one adds and the
-            # other increments what the first added, so no increment is lost.
-            if not cache.add(key, value, timeout=None):
-                cache.incr(key, value)
-    except Exception:  # noqa: BLE001 - metrics must never break the request
-        logger.debug("metrics counter %s not counted: cache unavailable", name)
+
+
+def counter_incr(name: str, value: int = 1) -> None:
+    """Add ``value`` to counter ``name`` (e.g. ``ingest_samples_accepted``); never raises."""
+    counters_incr({name: value})
 
 
 def counter_get(name: str) -> int:

@@ -16,6 +16,8 @@ import datetime as dt
 import json
 import math
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -23,8 +25,10 @@ import msgspec
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 
-from config.metrics import counter_incr
+from config.metrics import counters_incr
 from fleet.models import Gpu, Node
 from fleet.services import gpu_model_for_name
 from telemetry import ingest_store
@@ -312,14 +316,95 @@ def _gpus_load(uuids: set[str]) -> dict[str, GpuRef]:
     }
 
 
+# --- the node's GPUs, cached in process memory ---------------------------------------------
+# A node pushes every minute with the same GPUs: reading them costs a round trip per push.
+# Each process keeps, per node, the node's own GPUs for GPU_CACHE_TTL_S. The cache is only a
+# guess that the database confirms where it matters:
+# - a uuid the cache lacks (a new GPU, or one of another node) is always read from the database;
+# - samples accepted on the cache's word are stored with ``verify``: the statement that moves
+#   first/last seen only touches GPUs still owned by this node with the same total memory, and
+#   any mismatch rolls the push back and runs it again from the database (ingest_store);
+# - a push with a sample rejected on the cache's word (memory above the total) runs again from
+#   the database before answering;
+# - a GPU saved or deleted through the ORM clears the cache of this process, and ingest's own
+#   registrations and updates clear it for the node.
+GPU_CACHE_TTL_S = 30.0
+_gpu_cache: dict[int, tuple[float, dict[str, GpuRef]]] = {}
+_gpu_cache_lock = threading.Lock()
+
+# The node's own GPUs and the GPUs a push mentions, in one query.
+_NODE_GPUS_SQL = (
+    'SELECT id, uuid, node_id, memory_total_bytes, "index", name, power_limit_w, model_id '
+    "FROM fleet_gpu WHERE node_id = %s OR uuid = ANY(%s)"
+)
+
+
+def gpu_cache_clear(node_id: int | None = None) -> None:
+    """Forget the cached GPUs of ``node_id`` (of every node when None)."""
+    with _gpu_cache_lock:
+        if node_id is None:
+            _gpu_cache.clear()
+        else:
+            _gpu_cache.pop(node_id, None)
+
+
+@receiver(post_save, sender=Gpu, dispatch_uid="telemetry.ingest.gpu_saved")
+@receiver(post_delete, sender=Gpu, dispatch_uid="telemetry.ingest.gpu_deleted")
+def _gpu_changed(**kwargs: Any) -> None:
+    # Every node: a GPU moved by an admin changes two nodes' maps.
+    gpu_cache_clear()
+
+
+def _gpus_for(node_id: int, uuids: set[str], *, use_cache: bool) -> tuple[dict[str, GpuRef], bool]:
+    """The GPUs among ``uuids`` (whoever owns them) → (map, whether it came from the cache).
+
+    Copies of the refs: callers change them (gpus_register) and must not change the cache.
+    """
+    if use_cache:
+        with _gpu_cache_lock:
+            entry = _gpu_cache.get(node_id)
+        if entry is not None and entry[0] > time.monotonic():
+            own = entry[1]
+            if all(u in own for u in uuids):
+                return {u: _ref_copy(own[u]) for u in uuids}, True
+    with connection.cursor() as cursor:
+        cursor.execute(_NODE_GPUS_SQL, [node_id, list(uuids)])
+        rows = cursor.fetchall()
+    found: dict[str, GpuRef] = {}
+    own = {}
+    for pk, uuid, owner, mem, index, name, power, model_id in rows:
+        ref = GpuRef(pk, owner, mem, index, name, power, model_id)
+        if owner == node_id:
+            own[uuid] = ref
+        if uuid in uuids:
+            found[uuid] = _ref_copy(ref)
+    with _gpu_cache_lock:
+        _gpu_cache[node_id] = (time.monotonic() + GPU_CACHE_TTL_S, own)
+    return found, False
+
+
+def _ref_copy(ref: GpuRef) -> GpuRef:
+    return GpuRef(
+        ref.id,
+        ref.node_id,
+        ref.memory_total_bytes,
+        ref.index,
+        ref.name,
+        ref.power_limit_w,
+        ref.model_id,
+    )
+
+
 def gpus_register(
     *, node: Node, block: list[GpuIn], known: dict[str, GpuRef], now: dt.datetime
-) -> None:
+) -> bool:
     """Register the node's new GPUs, refresh what changed of its own, note lost ones.
 
     The first node to report a GPU owns it (DESIGN.md §4): a GPU of another node is left alone
-    here and its samples are rejected. ``known`` is updated in place.
+    here and its samples are rejected. ``known`` is updated in place. Returns whether anything
+    was written (the node's cached GPU map is then cleared).
     """
+    wrote = False
     new = [g for g in block if g.uuid not in known]
     if new:
         objs = []
@@ -341,6 +426,7 @@ def gpus_register(
         # reads back the winner's row.
         Gpu.objects.bulk_create(objs, ignore_conflicts=True)
         known.update(_gpus_load({o.uuid for o in objs}))
+        wrote = True
     for g in block:
         ref = known.get(g.uuid)
         if ref is None or ref.node_id != node.pk:
@@ -361,7 +447,12 @@ def gpus_register(
         if g.is_lost:
             changes["lost_at"] = now
         if changes:
-            Gpu.objects.filter(pk=ref.id).update(**changes)
+            # node_id: the map may come from the cache, and a GPU moved away since stays as is.
+            Gpu.objects.filter(pk=ref.id, node_id=node.pk).update(**changes)
+            wrote = True
+    if wrote:
+        gpu_cache_clear(node.pk)
+    return wrote
 
 
 # --- validation --------------------------------------------------------------------------------
@@ -476,8 +567,8 @@ def samples_validate(
 
 
 # --- the service -------------------------------------------------------------------------------
-def _node_touch(*, node: Node, meta: NodeIn, now: dt.datetime) -> None:
-    """Record what the agent said about itself; at most one UPDATE, often none.
+def _node_changes(*, node: Node, meta: NodeIn, now: dt.datetime) -> dict[str, Any]:
+    """What the agent said about itself that the node row lacks; often nothing.
 
     Reads ``node`` as authentication loaded it and never changes it in memory, so a
     transaction that rolls back and runs again writes the same changes.
@@ -494,15 +585,22 @@ def _node_touch(*, node: Node, meta: NodeIn, now: dt.datetime) -> None:
     if meta.dropped:
         # F(): two pushes of one node at once must both count.
         changes["spool_dropped_total"] = F("spool_dropped_total") + meta.dropped
-    if changes:
-        Node.objects.filter(pk=node.pk).update(**changes)
+    return changes
 
 
-def sample_batch_ingest(*, node: Node, payload_bytes: bytes, now: dt.datetime) -> IngestResult:
+def sample_batch_ingest(
+    *,
+    node: Node,
+    payload_bytes: bytes,
+    now: dt.datetime,
+    counters: dict[str, int] | None = None,
+) -> IngestResult:
     """Validate one push of ``node`` and store its valid samples; duplicates change nothing.
 
     Raises :class:`IngestError` for a push that is refused as a whole. Database errors
-    propagate (the API answers 503, the agent retries the push later).
+    propagate (the API answers 503, the agent retries the push later). The sample counters
+    (``config.metrics``) are incremented here, or added to ``counters`` when given, for the
+    caller to send with its own in one round trip.
     """
     push, typed = _push_decode(payload_bytes)
     max_samples = settings.INGEST_MAX_SAMPLES
@@ -512,7 +610,7 @@ def sample_batch_ingest(*, node: Node, payload_bytes: bytes, now: dt.datetime) -
         )
     samples: list[SampleIn | Rejected]
     if typed:
-        samples = list(push.samples)  # type: ignore[arg-type]
+        samples = push.samples  # type: ignore[assignment]
     else:
         samples = []
         for i, raw in enumerate(push.samples):
@@ -523,28 +621,71 @@ def sample_batch_ingest(*, node: Node, payload_bytes: bytes, now: dt.datetime) -
                 samples.append(Rejected(i, name, error))
     uuids = {s.gpu for s in samples if type(s) is SampleIn}
     uuids.update(g.uuid for g in push.gpus)
-    gpus = _gpus_load(uuids) if uuids else {}
-    if push.gpus:
-        gpus_register(node=node, block=push.gpus, known=gpus, now=now)
-    rows, rejected = samples_validate(samples=samples, gpus=gpus, node_id=node.pk, now=now)
+    node_changes = _node_changes(node=node, meta=push.node, now=now)
+    use_cache = True
+    while True:
+        gpus, cached = _gpus_for(node.pk, uuids, use_cache=use_cache) if uuids else ({}, False)
+        if push.gpus and gpus_register(node=node, block=push.gpus, known=gpus, now=now):
+            if cached:  # read the GPUs again, with what it registered or changed
+                use_cache = False
+                continue
+        rows, rejected = samples_validate(samples=samples, gpus=gpus, node_id=node.pk, now=now)
+        if cached and any(r.field == "mem_used_bytes" for r in rejected):
+            use_cache = False  # rejected on the cache's word: ask the database
+            continue
+        verify = {ref.id: (ref.node_id, ref.memory_total_bytes) for ref in gpus.values()}
+        try:
+            stored = _store(rows, node, node_changes, now, verify if cached else None)
+        except (ingest_store.StaleGpus, ingest_store.DuplicateSamples):
+            # Stale: the cache was wrong. Duplicates: the slower path that skips them cannot
+            # check the cache's word, so it runs on a map read from the database.
+            gpu_cache_clear(node.pk)
+            use_cache = False
+            continue
+        break
     result = IngestResult(rejected=rejected)
-    # One transaction: samples, first/last seen, the hours to roll up and the node's metadata.
-    # First the fast path that assumes no duplicates; a duplicate rolls it back entirely and
-    # the batch goes again through the path that skips and counts them (ingest_store).
-    try:
-        with transaction.atomic():
-            stored = ingest_store.samples_store(rows=rows, now=now, skip_duplicates=False)
-            _node_touch(node=node, meta=push.node, now=now)
-    except ingest_store.DuplicateSamples:
-        with transaction.atomic():
-            stored = ingest_store.samples_store(rows=rows, now=now, skip_duplicates=True)
-            _node_touch(node=node, meta=push.node, now=now)
     result.accepted = stored
     result.duplicates = len(rows) - stored
-    if result.accepted:
-        counter_incr("ingest_samples_accepted", result.accepted)
-    if result.duplicates:
-        counter_incr("ingest_samples_duplicate", result.duplicates)
-    if result.rejected:
-        counter_incr("ingest_samples_rejected", len(result.rejected))
+    values = {
+        "ingest_samples_accepted": result.accepted,
+        "ingest_samples_duplicate": result.duplicates,
+        "ingest_samples_rejected": len(result.rejected),
+    }
+    if counters is None:
+        counters_incr(values)
+    else:
+        for name, value in values.items():
+            counters[name] = counters.get(name, 0) + value
     return result
+
+
+def _store(
+    rows: list[tuple[Any, ...]],
+    node: Node,
+    node_changes: dict[str, Any],
+    now: dt.datetime,
+    verify: dict[int, tuple[int, int | None]] | None,
+) -> int:
+    """One transaction: samples, first/last seen, the hours to roll up and the node's metadata.
+
+    First the fast path that assumes no duplicates; a duplicate rolls it back entirely and the
+    batch goes again through the path that skips and counts them (ingest_store). A push with
+    nothing to write opens no transaction.
+    """
+    if not rows and not node_changes:
+        return 0
+    try:
+        with transaction.atomic():
+            stored = ingest_store.samples_store(
+                rows=rows, now=now, skip_duplicates=False, verify=verify
+            )
+            if node_changes:
+                Node.objects.filter(pk=node.pk).update(**node_changes)
+    except ingest_store.DuplicateSamples:
+        if verify is not None:
+            raise  # validated on the cache's word: the caller reads the GPUs again first
+        with transaction.atomic():
+            stored = ingest_store.samples_store(rows=rows, now=now, skip_duplicates=True)
+            if node_changes:
+                Node.objects.filter(pk=node.pk).update(**node_changes)
+    return stored

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import IntegrityError, connection
@@ -30,7 +30,7 @@ from django.db.models import DateTimeField, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 
 from fleet.models import Gpu
-from telemetry.pending import hours_mark
+from telemetry.pending import hours_mark, hours_mark_sql
 
 COLUMNS = (
     "gpu_id",
@@ -115,13 +115,25 @@ SELECT date_trunc('hour', start, 'UTC'), count(*) FROM inserted GROUP BY 1
 # a rolled-back CREATE leaves no table behind).
 _staged_sessions: weakref.WeakSet[Any] = weakref.WeakSet()
 
+# After the direct COPY, one statement: the GPUs' first/last seen and the hour marks (a
+# data-modifying CTE, so a push costs one round trip here, not two). When the caller validated
+# against a cached view of the GPUs (``verify``), the UPDATE only touches rows that still match
+# it (owner and total memory) and the count tells the caller whether its view was stale: the
+# row locks taken here make that check hold until the commit.
 _GPU_SEEN = """
-UPDATE fleet_gpu AS g
-SET first_seen_at = LEAST(g.first_seen_at, v.first_start),
-    last_seen_at = GREATEST(g.last_seen_at, v.last_end)
-FROM (VALUES {values}) AS v(id, first_start, last_end)
-WHERE g.id = v.id
+WITH v(id, first_start, last_end, node_id, mem, checked) AS (VALUES {values}
+), seen AS (
+    UPDATE fleet_gpu AS g
+    SET first_seen_at = LEAST(g.first_seen_at, v.first_start),
+        last_seen_at = GREATEST(g.last_seen_at, v.last_end)
+    FROM v
+    WHERE g.id = v.id AND (NOT v.checked OR (
+        g.node_id = v.node_id AND g.memory_total_bytes IS NOT DISTINCT FROM v.mem))
+    RETURNING g.id
+){marked}
+SELECT count(*) FROM seen
 """
+_SEEN_VALUE = "(%s::bigint, %s::timestamptz, %s::timestamptz, %s::bigint, %s::bigint, %s::boolean)"
 _DIRECT_COPY = f"COPY telemetry_sample ({_COLS}) FROM STDIN (FORMAT BINARY)"
 
 
@@ -129,18 +141,33 @@ class DuplicateSamples(Exception):
     """The optimistic COPY met a sample already stored (or one twice in the batch)."""
 
 
+class StaleGpus(Exception):
+    """A GPU no longer has the owner or total memory the caller validated against (``verify``).
+
+    Nothing was written once the caller's transaction rolls back; validate again from the
+    database and store again.
+    """
+
+
 # SQLite allows 32,766 bound parameters per statement; 19 columns × 1,000 rows stays below.
 SQLITE_CHUNK_ROWS = 1000
 
 
 def samples_store(
-    *, rows: Sequence[tuple[Any, ...]], now: dt.datetime, skip_duplicates: bool = True
+    *,
+    rows: Sequence[tuple[Any, ...]],
+    now: dt.datetime,
+    skip_duplicates: bool = True,
+    verify: Mapping[int, tuple[int, int | None]] | None = None,
 ) -> int:
     """Insert ``rows``; returns how many were new (the rest were duplicates).
 
     Call inside ``transaction.atomic()``: the samples, the GPUs' first/last seen and the
     pending hours must commit together. With ``skip_duplicates=False`` (PostgreSQL's fast
     path) a duplicate raises :class:`DuplicateSamples`; roll back and call again with True.
+    ``verify`` (GPU id → (node id, total memory) the rows were validated against, from a
+    cache): on the fast path, a GPU that no longer matches raises :class:`StaleGpus`; roll
+    back, validate again from the database, and call again.
     """
     if not rows:
         return 0
@@ -148,7 +175,7 @@ def samples_store(
         return _store_generic(rows, now)
     if skip_duplicates:
         return _store_staged(rows, now)
-    return _store_direct(rows, now)
+    return _store_direct(rows, now, verify)
 
 
 def _copy(cursor: Any, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -160,7 +187,11 @@ def _copy(cursor: Any, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
             copy.write_row(row)
 
 
-def _store_direct(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+def _store_direct(
+    rows: Sequence[tuple[Any, ...]],
+    now: dt.datetime,
+    verify: Mapping[int, tuple[int, int | None]] | None = None,
+) -> int:
     import psycopg
 
     with connection.cursor() as cursor:
@@ -172,13 +203,27 @@ def _store_direct(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
             raise DuplicateSamples(str(exc).splitlines()[0]) from exc
         # Every row is new: first/last seen and the hours come from the rows themselves.
         seen = _seen_per_gpu(rows, now)
-        values = ", ".join(["(%s::bigint, %s::timestamptz, %s::timestamptz)"] * len(seen))
+        values = ", ".join([_SEEN_VALUE] * len(seen))
         params: list[Any] = []
         # In id order, so two pushes of one node lock their GPUs' rows in the same order.
         for gpu_id, (first, last) in sorted(seen.items()):
-            params += [gpu_id, first, last]
-        cursor.execute(_GPU_SEEN.format(values=values), params)
-    hours_mark({_hour(row[1]) for row in rows})
+            expected = verify.get(gpu_id) if verify is not None else None
+            if expected is None:
+                params += [gpu_id, first, last, None, None, False]
+            else:
+                params += [gpu_id, first, last, expected[0], expected[1], True]
+        # Hours of the distinct starts: a 1,000-sample batch has ~125 of them.
+        marked = hours_mark_sql({_hour(start) for start in {row[1] for row in rows}})
+        cte = ""
+        if marked is not None:
+            cte = f", marked AS ({marked[0]})"
+            params += marked[1]
+        cursor.execute(_GPU_SEEN.format(values=values, marked=cte), params)
+        (touched,) = cursor.fetchone()
+    if verify is not None and touched != len(seen):
+        # A GPU was moved to another node, deleted, or its memory changed since the cache
+        # was filled: the caller rolls back and validates again.
+        raise StaleGpus(f"{len(seen) - touched} GPU(s) changed since they were read")
     return len(rows)
 
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 import zlib
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache, caches
-from django.core.cache.backends.redis import RedisCache
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -26,14 +24,13 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from config.metrics import counter_incr
+from config.metrics import counters_incr, redis_client
 from fleet.authentication import NodePrincipal, NodeTokenAuthentication
 from fleet.permissions import IsNode
 from telemetry.ingest import IngestError, sample_batch_ingest
 
 logger = logging.getLogger(__name__)
 _cache_warned_at = 0.0
-_redis_clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 class NodeIngestThrottle(BaseThrottle):
@@ -89,15 +86,11 @@ def _rate_parse(rate: str | None) -> tuple[int, int]:
 def _window_count(key: str, timeout: int) -> int:
     """Add one to the counter ``key`` and return it; the first count sets its expiry."""
     backend = caches["default"]
-    if isinstance(backend, RedisCache):
-        # Redis INCR creates a missing key: one round trip, where Django's incr() needs two
-        # (EXISTS, INCR) and add-then-incr three.
+    # Redis INCR creates a missing key: one round trip, where Django's incr() needs two
+    # (EXISTS, INCR) and add-then-incr three. The client is cached per backend (config.metrics).
+    client = redis_client(backend)
+    if client is not None:
         full_key = backend.make_and_validate_key(key)
-        client = _redis_clients.get(backend)
-        if client is None:
-            # Django builds a new redis.Redis object per call (~0.2 ms of Python); the object
-            # only wraps the backend's thread-safe connection pool, so one per backend will do.
-            client = _redis_clients[backend] = backend._cache.get_client(full_key, write=True)
         count = int(client.incr(full_key))
         if count == 1:
             client.expire(full_key, timeout)
@@ -165,14 +158,22 @@ class IngestView(APIView):
     )
     def post(self, request: Request) -> Response:
         assert isinstance(request.user, NodePrincipal)  # IsNode
-        counter_incr("ingest_requests")  # every authenticated push, refused ones too
-        payload = _body_read(request)
-        if isinstance(payload, Response):
-            return payload
+        # Every authenticated push counts, refused ones too; the push's counters go to the
+        # cache together, in one round trip, once the answer is known.
+        counters = {"ingest_requests": 1}
         try:
-            result = sample_batch_ingest(
-                node=request.user.node, payload_bytes=payload, now=timezone.now()
-            )
-        except IngestError as exc:
-            return Response(exc.body(), status=exc.status)
-        return Response(result.body(), status=result.status)
+            payload = _body_read(request)
+            if isinstance(payload, Response):
+                return payload
+            try:
+                result = sample_batch_ingest(
+                    node=request.user.node,
+                    payload_bytes=payload,
+                    now=timezone.now(),
+                    counters=counters,
+                )
+            except IngestError as exc:
+                return Response(exc.body(), status=exc.status)
+            return Response(result.body(), status=result.status)
+        finally:
+            counters_incr(counters)
