@@ -84,7 +84,8 @@ def cmd_test(args: list[str]) -> None:
         run(bin_dir / "ruff", "check", ".")
         run(bin_dir / "ruff", "format", "--check", ".")
         say("mypy")
-        run(bin_dir / "mypy", ".", env=env)
+        # The application and the benchmarks; tests are left to ruff and to running them.
+        run(bin_dir / "mypy", "config", "fleet", "telemetry", "billing", "bench", "dev.py", env=env)
         say("manage.py check / makemigrations --check")
         run(PY, "manage.py", "check", "--fail-level", "WARNING", env=env)
         run(PY, "manage.py", "makemigrations", "--check", "--dry-run", env=env)
