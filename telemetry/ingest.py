@@ -332,10 +332,11 @@ GPU_CACHE_TTL_S = 30.0
 _gpu_cache: dict[int, tuple[float, dict[str, GpuRef]]] = {}
 _gpu_cache_lock = threading.Lock()
 
-# The node's own GPUs and the GPUs a push mentions, in one query.
+# The node's own GPUs and the GPUs a push mentions, in one query. IN (…) rather than
+# PostgreSQL's = ANY(%s) so the same statement runs on the embedded SQLite default.
 _NODE_GPUS_SQL = (
     'SELECT id, uuid, node_id, memory_total_bytes, "index", name, power_limit_w, model_id '
-    "FROM fleet_gpu WHERE node_id = %s OR uuid = ANY(%s)"
+    "FROM fleet_gpu WHERE node_id = %s"
 )
 
 
@@ -367,8 +368,12 @@ def _gpus_for(node_id: int, uuids: set[str], *, use_cache: bool) -> tuple[dict[s
             own = entry[1]
             if all(u in own for u in uuids):
                 return {u: _ref_copy(own[u]) for u in uuids}, True
+    wanted = sorted(uuids)
+    sql = _NODE_GPUS_SQL
+    if wanted:
+        sql += " OR uuid IN (" + ", ".join(["%s"] * len(wanted)) + ")"
     with connection.cursor() as cursor:
-        cursor.execute(_NODE_GPUS_SQL, [node_id, list(uuids)])
+        cursor.execute(sql, [node_id, *wanted])
         rows = cursor.fetchall()
     found: dict[str, GpuRef] = {}
     own = {}

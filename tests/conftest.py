@@ -73,3 +73,12 @@ def role_client(client: Any, make_user: Callable[..., Any]) -> Callable[[str | N
         return client
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _ingest_gpu_cache_clear() -> None:
+    """Ingest keeps each node's GPUs in process memory; a rolled-back test database reuses
+    primary keys (SQLite), which no real database does, so start every test with it empty."""
+    from telemetry.ingest import gpu_cache_clear
+
+    gpu_cache_clear()
