@@ -5,9 +5,27 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, DataError, IntegrityError, InterfaceError, OperationalError
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+# Offsets past PostgreSQL's bigint would reach the database as an error, not an empty page.
+_MAX_OFFSET = 2**63 - 1
+
+
+class Pagination(LimitOffsetPagination):
+    """Limit/offset pages with bounded sizes: ``limit`` ≤ 1,000, ``offset`` within bigint."""
+
+    max_limit = 1000
+
+    def get_offset(self, request: Request) -> int:
+        offset = super().get_offset(request)
+        if offset > _MAX_OFFSET:
+            raise ValidationError({"offset": [f"must be at most {_MAX_OFFSET}"]})
+        return offset
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +34,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     response = drf_exception_handler(exc, context)
     if response is not None:
         return response
+    if isinstance(exc, DataError | IntegrityError):
+        # The request carried a value the database refuses (out of range, NUL byte, a clash):
+        # the client's fault and not worth retrying, so a 400 rather than a 503 that agents
+        # would retry for ever.
+        logger.info("database refused a value: %s", type(exc).__name__)
+        return Response({"detail": "a value was refused by the database"}, status=400)
     if isinstance(exc, OperationalError | InterfaceError):
         # The database is away: say so quickly so agents back off and retry (DESIGN §5).
         logger.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
@@ -28,3 +52,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         logger.exception("database error")
         return Response({"detail": "database error"}, status=503, headers={"Retry-After": "5"})
     return None
+
+
+def not_found(request: Any, exception: Exception | None = None) -> Any:
+    """404 handler: JSON under /api/ (clients parse it), Django's page elsewhere."""
+    from django.http import JsonResponse
+    from django.views.defaults import page_not_found
+
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return page_not_found(request, exception or Exception("not found"))

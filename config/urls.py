@@ -34,3 +34,6 @@ urlpatterns = [
     path("reports/", include("billing.report_urls")),
     path("", include("billing.urls")),
 ]
+
+# JSON 404s under /api/ (the schema promises JSON bodies for every error).
+handler404 = "config.api.not_found"

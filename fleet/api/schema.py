@@ -34,3 +34,41 @@ class NodeTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untype
             "description": "A node agent's token (`manage.py issue_node_token HOST`): "
             "`Authorization: Bearer gfn_…`",
         }
+
+
+_ERROR_STATUSES = {
+    "400": "Bad input: the body names each offending field or parameter.",
+    "401": "No credentials, or a wrong, revoked or expired token.",
+    "403": "Authenticated, but the role may not do this.",
+    "404": "No such object.",
+}
+
+
+def error_responses_document(
+    result: dict[str, Any], generator: Any, request: Any, public: bool
+) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: every operation documents the error answers that
+    the permission classes and validation can give, with a JSON object body (``detail`` or
+    one entry per field), so clients and schema-driven tests know to expect them."""
+    components = result.setdefault("components", {}).setdefault("schemas", {})
+    components.setdefault(
+        "Error",
+        {
+            "type": "object",
+            "description": "`detail` for request-level errors, else one entry per field.",
+            "additionalProperties": True,
+        },
+    )
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            for status, description in _ERROR_STATUSES.items():
+                if status == "404" and "{" not in path:
+                    continue
+                responses.setdefault(status, {"description": description, "content": ref})
+            if method == "delete":
+                responses.setdefault(
+                    "409", {"description": "Still in use by other objects.", "content": ref}
+                )
+    return result

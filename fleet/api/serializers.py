@@ -12,6 +12,16 @@ from rest_framework import serializers
 from fleet.models import Gpu, GpuModel, Node, Pool, Site, Team
 
 
+class NameRelatedField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+    """A related object named by its natural key; a NUL byte (which no name holds and
+    PostgreSQL refuses in text) is an invalid name, answered 400 before any query."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class SiteSerializer(serializers.ModelSerializer[Site]):
     class Meta:
         model = Site
@@ -32,10 +42,10 @@ class TeamSerializer(serializers.ModelSerializer[Team]):
 
 
 class PoolSerializer(serializers.ModelSerializer[Pool]):
-    site = serializers.SlugRelatedField(
+    site = NameRelatedField(
         slug_field="name", queryset=Site.objects.all(), allow_null=True, required=False
     )
-    team = serializers.SlugRelatedField(
+    team = NameRelatedField(
         slug_field="name", queryset=Team.objects.all(), allow_null=True, required=False
     )
 
@@ -45,10 +55,10 @@ class PoolSerializer(serializers.ModelSerializer[Pool]):
 
 
 class NodeSerializer(serializers.ModelSerializer[Node]):
-    pool = serializers.SlugRelatedField(
+    pool = NameRelatedField(
         slug_field="name", queryset=Pool.objects.all(), allow_null=True, required=False
     )
-    site = serializers.SlugRelatedField(
+    site = NameRelatedField(
         slug_field="name",
         queryset=Site.objects.all(),
         allow_null=True,
@@ -88,11 +98,11 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
 
 
 class GpuSerializer(serializers.ModelSerializer[Gpu]):
-    node = serializers.SlugRelatedField(slug_field="hostname", queryset=Node.objects.all())
-    model = serializers.SlugRelatedField(
+    node = NameRelatedField(slug_field="hostname", queryset=Node.objects.all())
+    model = NameRelatedField(
         slug_field="key", queryset=GpuModel.objects.all(), allow_null=True, required=False
     )
-    team = serializers.SlugRelatedField(
+    team = NameRelatedField(
         slug_field="name",
         queryset=Team.objects.all(),
         allow_null=True,
