@@ -38,6 +38,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--raw-days", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the test database")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="reuse a database kept by --keep (same --gpus/--days) instead of building it",
+    )
     args = parser.parse_args()
 
     import django
@@ -61,7 +66,7 @@ def main() -> int:
     # A database of its own, apart from the test suite's test_<name>.
     db = settings.DATABASES["default"]
     db.setdefault("TEST", {})["NAME"] = f"bench_{db['NAME']}"
-    db_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    db_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=args.reuse)
     print(f"database {db_name}: {args.gpus} GPUs × {args.days} days of hourly rollups")
     try:
         return run(args)
@@ -172,13 +177,29 @@ def build_fleet(gpus: int, days: int) -> tuple[dt.datetime, dt.datetime]:
     return start, end
 
 
+def reuse_fleet() -> tuple[dt.datetime | None, dt.datetime | None]:
+    """The hours of a database kept by an earlier ``--keep`` run, or ``None`` to build one."""
+    from django.db.models import Max, Min
+
+    from telemetry.models import HourlyUsage
+
+    span = HourlyUsage.objects.aggregate(first=Min("hour"), last=Max("hour"))
+    if span["first"] is None:
+        return None, None
+    print(f"  reusing the kept database: {HourlyUsage.objects.count():,} rollup rows")
+    return span["first"], span["last"] + dt.timedelta(hours=1)
+
+
 def build_raw(raw_days: int, end: dt.datetime) -> tuple[dt.datetime, int]:
     from django.db import connection
 
+    from telemetry.models import Sample
     from telemetry.partitions import partitions_maintain
 
-    partitions_maintain()
     start = end - dt.timedelta(days=raw_days)
+    if Sample.objects.filter(start__gte=start).exists():
+        return start, Sample.objects.filter(start__gte=start).count()
+    partitions_maintain()
     t0 = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -240,8 +261,10 @@ def run(args: argparse.Namespace) -> int:
     from fleet.models import Gpu
     from fleet.roles import role_assign
 
-    start, end = build_fleet(args.gpus, args.days)
-    user = get_user_model().objects.create_user(username="bench-finance")
+    start, end = reuse_fleet() if args.reuse else (None, None)
+    if start is None or end is None:
+        start, end = build_fleet(args.gpus, args.days)
+    user, _ = get_user_model().objects.get_or_create(username="bench-finance")
     role_assign(user=user, role="finance")
     client = Client()
     client.force_login(user)

@@ -82,13 +82,8 @@ def overview(request: HttpRequest) -> HttpResponse:
     flt = dashboard_filters(request.GET)
     costs = _can_view_costs(request)
     summary = selectors.fleet_summary(start=flt.start, end=flt.end_exclusive, filters=flt.filters)
-    daily = selectors.cost_rows(
-        start=flt.start,
-        end=flt.end_exclusive,
-        group_by="fleet",
-        period="day",
-        filters=flt.filters,
-    )
+    # The trend charts: the fleet per day by the pooled path (per rate class, not per GPU-day).
+    daily = selectors.fleet_trend(start=flt.start, end=flt.end_exclusive, filters=flt.filters)
     row = summary.row
     cur = flt.currency
     target = summary.target_utilization
@@ -200,9 +195,15 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
     """
     flt = dashboard_filters(request.GET)
     costs = _can_view_costs(request)
-    rows = selectors.cost_rows(
-        start=flt.start, end=flt.end_exclusive, group_by="gpu", period="all", filters=flt.filters
+    # GPUs and models from one computation over the rollups.
+    grouped = selectors.cost_rows_by(
+        start=flt.start,
+        end=flt.end_exclusive,
+        group_bys=("gpu", "model"),
+        period="all",
+        filters=flt.filters,
     )
+    rows, by_model = grouped["gpu"], grouped["model"]
     # One query for what the rollups do not hold: model, last seen, in-service window.
     gpus = {
         g.uuid: g
@@ -260,13 +261,6 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
                 "qs": flt.with_params(sort=key, dir=next_dir),
             }
         )
-    by_model = selectors.cost_rows(
-        start=flt.start,
-        end=flt.end_exclusive,
-        group_by="model",
-        period="all",
-        filters=flt.filters,
-    )
     figures = {
         "chart-model-blocks": charts.block_hours_stacked(
             by_model, x=[r.name for r in by_model], horizontal=True
@@ -299,20 +293,11 @@ def heatmap(request: HttpRequest) -> HttpResponse:
     GPUs × days coloured by utilisation (air hours / capacity hours of each GPU-day).
     """
     flt = dashboard_filters(request.GET)
-    rows = selectors.cost_rows(
-        start=flt.start, end=flt.end_exclusive, group_by="gpu", period="day", filters=flt.filters
-    )
+    # Utilisation only (no money), per GPU and day, straight from the daily sums.
+    rows = selectors.utilization_by_day(start=flt.start, end=flt.end_exclusive, filters=flt.filters)
     days = [flt.start + dt.timedelta(days=i) for i in range(flt.days)]
-    column = {d: i for i, d in enumerate(days)}
-    labels: dict[str, str] = {}
-    matrix: dict[str, list[float | None]] = {}
-    for r in rows:
-        if r.key not in matrix:
-            matrix[r.key] = [None] * len(days)
-            labels[r.key] = r.name
-        i = column.get(r.period_start.date())
-        if i is not None and r.utilization is not None:
-            matrix[r.key][i] = round(r.utilization * 100, 1)
+    labels = {r.key: r.name for r in rows}
+    matrix = {r.key: [None if u is None else round(u * 100, 1) for u in r.values] for r in rows}
     order = request.GET.get("order", "name")
     keys = list(matrix)
     if order == "util":
@@ -531,17 +516,16 @@ def chargeback(request: HttpRequest) -> HttpResponse:
     costs = _can_view_costs(request)
     cur = flt.currency
     target = flt.target_utilization
-    groups = {}
-    for group_by in ("team", "pool"):
-        rows = selectors.cost_rows(
-            start=flt.start,
-            end=flt.end_exclusive,
-            group_by=group_by,
-            period="all",
-            filters=flt.filters,
-        )
+    # Teams and pools from one computation over the rollups.
+    groups = selectors.cost_rows_by(
+        start=flt.start,
+        end=flt.end_exclusive,
+        group_bys=("team", "pool"),
+        period="all",
+        filters=flt.filters,
+    )
+    for rows in groups.values():
         rows.sort(key=lambda r: r.idle_cost if costs else -(r.utilization or 0), reverse=True)
-        groups[group_by] = rows
     figures: dict[str, Any] = {
         "chart-team-util": charts.group_util_bars(groups["team"], target_utilization=target),
         "chart-pool-util": charts.group_util_bars(groups["pool"], target_utilization=target),

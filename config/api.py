@@ -27,6 +27,7 @@ class Pagination(LimitOffsetPagination):
             raise ValidationError({"offset": [f"must be at most {_MAX_OFFSET}"]})
         return offset
 
+
 logger = logging.getLogger(__name__)
 
 

@@ -247,6 +247,9 @@ def rollup_run(
     n hours (the backfill's progress bar).
     """
     active_util_pct = FleetSettings.load().active_util_pct
+    # The daily pre-aggregate follows the report time zone however it was changed (admin,
+    # fleet file): rebuilt here when it holds another zone's days.
+    daily_usage_ensure()
     horizon = retention_horizon()
     taken = hours_done = rows = deleted = skipped = 0
     busy = False
@@ -336,3 +339,55 @@ def rollup_backfill_mark() -> int:
         with transaction.atomic():
             hours_mark(hours[start : start + 1000])
     return len(hours)
+
+
+# --- the daily pre-aggregate (telemetry.DailyUsage) ------------------------------------------
+def daily_zone_name(zone_name: str) -> str:
+    """The zone whose local days ``DailyUsage`` holds for this report zone: the zone itself,
+    or UTC for a name that is no zone (the selectors read such a setting as UTC too)."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(zone_name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return "UTC"
+    return zone_name
+
+
+def daily_usage_rebuild(*, zone_name: str | None = None) -> int:
+    """Rebuild every ``DailyUsage`` row from the hourly rows, in ``zone_name`` (default: the
+    report time zone) → rows written. PostgreSQL only (SQLite reads hourly rows: 0).
+
+    Under the rollup lock and in one transaction, so no rollup writes hourly rows between the
+    state row naming the new zone and the table holding its days; readers see the old table
+    or the new one, never half of each.
+    """
+    if not _is_postgres():
+        return 0
+    from telemetry.models import DailyUsageState
+
+    zone = daily_zone_name(zone_name or FleetSettings.load().report_time_zone)
+    with transaction.atomic():
+        _lock(wait=True)
+        with connection.cursor() as cursor:
+            # TRUNCATE would wait for every reader's lock; DELETE lets readers go on.
+            cursor.execute("DELETE FROM telemetry_dailyusage")
+            DailyUsageState.objects.all().delete()
+            DailyUsageState.objects.create(zone=zone, built_at=timezone.now())
+            cursor.execute(_sql("daily_rebuild.postgresql"), {"zone": zone})
+            return int(cursor.rowcount)
+
+
+def daily_usage_ensure() -> bool:
+    """Rebuild ``DailyUsage`` when it holds another zone's days than the report time zone's
+    (or is not set up) → whether it rebuilt. Cheap when nothing changed: two small reads."""
+    if not _is_postgres():
+        return False
+    from telemetry.models import DailyUsageState
+
+    wanted = daily_zone_name(FleetSettings.load().report_time_zone)
+    state = DailyUsageState.objects.order_by("id").first()
+    if state is not None and state.zone == wanted:
+        return False
+    daily_usage_rebuild(zone_name=wanted)
+    return True

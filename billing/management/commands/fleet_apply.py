@@ -33,6 +33,11 @@ class Command(BaseCommand):
                     from telemetry.services import gpu_hours_invalidate
 
                     gpu_hours_invalidate(gpu_ids=result.gpus_window_changed)
+                # The daily pre-aggregate holds local days of the report time zone: a new
+                # zone rebuilds it, in this transaction, so no page sees the old days.
+                from telemetry.rollup import daily_usage_ensure
+
+                daily_usage_ensure()
         except FleetFileError as exc:
             raise CommandError(f"{file}: {exc}") from exc
         self.stdout.write(f"applied {file}: {result.summary()}")

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from tqdm import tqdm
 
 from telemetry.models import RollupPending
-from telemetry.rollup import rollup_backfill_mark, rollup_run
+from telemetry.rollup import daily_usage_rebuild, rollup_backfill_mark, rollup_run
 
 
 class Command(BaseCommand):
@@ -39,6 +39,9 @@ class Command(BaseCommand):
             # command's line-ending OutputWrapper would break.
             with tqdm(total=total, unit="h", desc="rollup", file=sys.stderr) as bar:
                 result = rollup_run(max_hours=options["max_hours"], wait=True, on_batch=bar.update)
+            # --all also rebuilds the daily pre-aggregate wholesale, in the report time zone.
+            daily = daily_usage_rebuild()
+            self.stderr.write(f"daily usage rebuilt: {daily} rows")
         else:
             result = rollup_run(max_hours=options["max_hours"], wait=True)
         self.stdout.write(str(result))
