@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Variables that would change what production settings decide; the subprocess must see the
 # defaults, not whatever this shell happens to export.
 _SCRUB = (
+    "DJANGO_ALLOW_ASYNC_UNSAFE",  # set by the browser tests for their session; never in production
     "DEBUG",
     "SECRET_KEY",
     "SECRET_KEY_FILE",
