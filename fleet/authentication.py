@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
 from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
@@ -56,23 +57,68 @@ class NodePrincipal:
         return f"node:{self.node.hostname}"
 
 
+def _node_token_sql() -> tuple[str, list[str]]:
+    """The token lookup as plain SQL (token and node columns in one row), built once.
+
+    Every ingest runs it: the ORM's query compilation (select_related, filters) cost about
+    three times the round trip itself (docs/benchmarks.md, "## Ingest").
+    """
+    fields = Node._meta.concrete_fields
+    node_fields = [f.attname for f in fields]
+    qn = connection.ops.quote_name
+    columns = ", ".join(f"n.{qn(str(f.column))}" for f in fields)
+    sql = (
+        f"SELECT t.id, t.token_hash, t.last_used_at, t.created_at, {columns} "  # noqa: S608
+        f"FROM {qn(NodeToken._meta.db_table)} t "
+        f"JOIN {qn(Node._meta.db_table)} n ON n.id = t.node_id "
+        "WHERE t.prefix = %s AND t.revoked_at IS NULL"
+    )
+    return sql, node_fields
+
+
+_node_token_query: tuple[str, list[str]] | None = None
+
+
 class NodeTokenAuthentication(BaseAuthentication):
     def authenticate(self, request: Request) -> tuple[NodePrincipal, NodeToken] | None:
+        global _node_token_query
         raw = _bearer(request)
         if raw is None:
             return None
         prefix = token_prefix(raw)
         if prefix is None or not prefix.startswith(NODE_KIND + "_"):
             raise exceptions.AuthenticationFailed("invalid node token")
-        token = (
-            NodeToken.objects.select_related("node", "node__pool")
-            .filter(prefix=prefix, revoked_at__isnull=True)
-            .first()
-        )
-        if token is None or not token_matches(raw, token.token_hash):
+        if _node_token_query is None:
+            _node_token_query = _node_token_sql()
+        sql, node_fields = _node_token_query
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [prefix])
+            row = cursor.fetchone()
+        if row is None or not token_matches(raw, row[1]):
             raise exceptions.AuthenticationFailed("invalid or revoked node token")
+        node = Node.from_db(connection.alias, node_fields, list(row[4:]))
+        token = NodeToken(
+            id=row[0],
+            prefix=prefix,
+            token_hash=row[1],
+            last_used_at=row[2],
+            created_at=row[3],
+            node=node,
+        )
+        if connection.vendor == "sqlite":  # SQLite hands datetimes back naive or as text
+            convert = getattr(connection.ops, "convert_datetimefield_value")  # noqa: B009
+            for attr in ("last_used_at", "created_at"):
+                value = getattr(token, attr)
+                if value is not None:
+                    setattr(token, attr, convert(value, None, connection))
+            for f in Node._meta.concrete_fields:
+                value = getattr(node, f.attname)
+                if value is not None and f.get_internal_type() == "DateTimeField":
+                    setattr(node, f.attname, convert(value, None, connection))
+        token._state.adding = False
+        token._state.db = connection.alias
         _touch(token)
-        return NodePrincipal(token.node), token
+        return NodePrincipal(node), token
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="ingest"'

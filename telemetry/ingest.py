@@ -25,6 +25,7 @@ import msgspec
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
+from django.db.models.expressions import CombinedExpression
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
@@ -664,6 +665,26 @@ def sample_batch_ingest(
     return result
 
 
+_NODE_COLUMNS = {f.name: str(f.column) for f in Node._meta.concrete_fields}
+
+
+def _node_update_sql(node: Node, changes: dict[str, Any]) -> tuple[int, str, list[Any]] | None:
+    """``changes`` (from :func:`_node_changes`) as (node id, SQL ``SET`` list, params)."""
+    if not changes:
+        return None
+    sets: list[str] = []
+    params: list[Any] = []
+    for name, value in changes.items():
+        column = connection.ops.quote_name(_NODE_COLUMNS[name])
+        if isinstance(value, CombinedExpression):  # F(name) + n: concurrent pushes both count
+            sets.append(f"{column} = {column} + %s")
+            params.append(getattr(value.rhs, "value"))  # noqa: B009 - Value(n)
+        else:
+            sets.append(f"{column} = %s")
+            params.append(value)
+    return node.pk, ", ".join(sets), params
+
+
 def _store(
     rows: list[tuple[Any, ...]],
     node: Node,
@@ -679,6 +700,12 @@ def _store(
     """
     if not rows and not node_changes:
         return 0
+    if ingest_store.one_statement(rows):
+        # One round trip, no explicit transaction: samples, first/last seen, hour marks and the
+        # node row in one statement.
+        return ingest_store.samples_store(
+            rows=rows, now=now, verify=verify, node_update=_node_update_sql(node, node_changes)
+        )
     try:
         with transaction.atomic():
             stored = ingest_store.samples_store(

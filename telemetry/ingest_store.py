@@ -137,6 +137,95 @@ _SEEN_VALUE = "(%s::bigint, %s::timestamptz, %s::timestamptz, %s::bigint, %s::bi
 _DIRECT_COPY = f"COPY telemetry_sample ({_COLS}) FROM STDIN (FORMAT BINARY)"
 
 
+# Small batches (a node's minute): one statement in autocommit, so the whole push is one round
+# trip and one implicit transaction, where COPY costs BEGIN, COPY, the first/last-seen statement
+# and COMMIT. INSERT … ON CONFLICT checks row by row, which costs more than COPY's batched
+# insert from a few hundred rows on (bench/ingest.py), hence the bound.
+ONE_STATEMENT_MAX_ROWS = 64
+_ROW_CASTS = "(" + ", ".join(f"%s::{t}" for t in COPY_TYPES) + ")"
+_ONE_STATEMENT = f"""
+WITH v ({_COLS}) AS (VALUES {{values}}
+), ok AS (
+    {{ok}}
+), inserted AS (
+    INSERT INTO telemetry_sample ({_COLS})
+    SELECT {_COLS} FROM v WHERE (SELECT ok FROM ok)
+    ON CONFLICT (gpu_id, start) DO NOTHING
+    RETURNING gpu_id, start, seconds
+), per_gpu AS (
+    SELECT gpu_id, min(start) AS first_start,
+           max(start + seconds * interval '1 second') AS last_end
+    FROM inserted GROUP BY gpu_id
+), seen AS (
+    UPDATE fleet_gpu AS g
+    SET first_seen_at = LEAST(g.first_seen_at, p.first_start),
+        last_seen_at = GREATEST(g.last_seen_at, LEAST(p.last_end, %s::timestamptz))
+    FROM per_gpu AS p WHERE g.id = p.gpu_id
+), marked AS (
+    INSERT INTO telemetry_rolluppending (hour, version, marked_at)
+    SELECT DISTINCT date_trunc('hour', start, 'UTC'), 1, %s::timestamptz FROM inserted
+    ON CONFLICT (hour) DO UPDATE SET version = telemetry_rolluppending.version + 1,
+        marked_at = excluded.marked_at
+){{node}}
+SELECT (SELECT ok FROM ok), (SELECT count(*) FROM inserted)
+"""  # noqa: S608 - table and column names are constants of this module
+# Every GPU the caller validated against a cached map must still have that owner and memory.
+_OK_VERIFIED = (
+    "SELECT count(*) = %s AS ok FROM fleet_gpu AS g JOIN (VALUES {checks}) AS c(id, node_id, mem)"
+    " ON g.id = c.id AND g.node_id = c.node_id"
+    " AND g.memory_total_bytes IS NOT DISTINCT FROM c.mem"
+)
+_OK_CHECK = "(%s::bigint, %s::bigint, %s::bigint)"
+
+
+def one_statement(rows: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether :func:`samples_store` writes ``rows`` with one statement (no transaction)."""
+    return 0 < len(rows) <= ONE_STATEMENT_MAX_ROWS and connection.vendor == "postgresql"
+
+
+def samples_store_one_statement(
+    *,
+    rows: Sequence[tuple[Any, ...]],
+    now: dt.datetime,
+    verify: Mapping[int, tuple[int, int | None]] | None = None,
+    node_update: tuple[int, str, list[Any]] | None = None,
+) -> int:
+    """PostgreSQL, a small batch: store ``rows`` in one statement; returns how many were new.
+
+    Needs no transaction of its own (autocommit makes the statement one): the new samples,
+    the GPUs' first/last seen from the rows really inserted (duplicates change nothing and are
+    counted), the hour marks (:func:`telemetry.pending.hours_mark`'s upsert) and
+    ``node_update`` ((node id, ``SET`` list, its params), for the node's metadata) commit
+    together. With ``verify`` and a GPU that no longer matches, nothing is written and
+    :class:`StaleGpus` is raised.
+    """
+    params: list[Any] = []
+    for row in rows:
+        params += row
+    if verify:
+        checks = sorted({row[0] for row in rows})
+        ok = _OK_VERIFIED.format(checks=", ".join([_OK_CHECK] * len(checks)))
+        params.append(len(checks))
+        for gpu_id in checks:
+            expected = verify.get(gpu_id)
+            params += [gpu_id, *(expected if expected is not None else (None, None))]
+    else:
+        ok = "SELECT true AS ok"
+    params += [now, now]
+    node = ""
+    if node_update is not None:
+        node_id, sets, set_params = node_update
+        node = f", node AS (UPDATE fleet_node SET {sets} WHERE id = %s AND (SELECT ok FROM ok))"  # noqa: S608, E501
+        params += [*set_params, node_id]
+    sql = _ONE_STATEMENT.format(values=", ".join([_ROW_CASTS] * len(rows)), ok=ok, node=node)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        valid, stored = cursor.fetchone()
+    if not valid:
+        raise StaleGpus("a GPU changed since it was read")
+    return int(stored)
+
+
 class DuplicateSamples(Exception):
     """The optimistic COPY met a sample already stored (or one twice in the batch)."""
 
@@ -159,8 +248,13 @@ def samples_store(
     now: dt.datetime,
     skip_duplicates: bool = True,
     verify: Mapping[int, tuple[int, int | None]] | None = None,
+    node_update: tuple[int, str, list[Any]] | None = None,
 ) -> int:
     """Insert ``rows``; returns how many were new (the rest were duplicates).
+
+    When :func:`one_statement` says so (PostgreSQL, a small batch) the rows go in through
+    :func:`samples_store_one_statement`, which needs no transaction around it, handles
+    duplicates itself and also applies ``node_update``; ``node_update`` is only for that path.
 
     Call inside ``transaction.atomic()``: the samples, the GPUs' first/last seen and the
     pending hours must commit together. With ``skip_duplicates=False`` (PostgreSQL's fast
@@ -171,6 +265,11 @@ def samples_store(
     """
     if not rows:
         return 0
+    if one_statement(rows):
+        return samples_store_one_statement(
+            rows=rows, now=now, verify=verify, node_update=node_update
+        )
+    assert node_update is None, "node_update needs the one-statement path"
     if connection.vendor != "postgresql":
         return _store_generic(rows, now)
     if skip_duplicates:

@@ -544,3 +544,43 @@ def test_metrics_counted(agent: Any, base: Any) -> None:
         "ingest_samples_duplicate": 1,
         "ingest_samples_rejected": 1,
     }
+
+
+def test_small_push_is_two_queries(
+    agent: Any, base: Any, postgres: Any, django_assert_num_queries: Any
+) -> None:
+    """A steady small push: the token query, then one statement (samples, first/last seen,
+    hour marks and the node row) in autocommit: no BEGIN, COPY or COMMIT."""
+    a = agent()
+    a.post(push([sample("GPU-s0", base)], [gpu_block(f"GPU-s{i}", i) for i in range(8)]))
+    a.post(push([sample("GPU-s1", base)]))  # registering cleared the GPU map: refill it
+    batch = [sample(f"GPU-s{i}", base + dt.timedelta(minutes=1)) for i in range(8)]
+    with django_assert_num_queries(2):
+        r = a.post(push(batch, [gpu_block(f"GPU-s{i}", i) for i in range(8)], spool_dropped=3))
+    assert r.json() == {"accepted": 8, "duplicates": 0, "rejected": []}
+    assert Node.objects.get(pk=a.node.pk).spool_dropped_total == 3
+    gpu = Gpu.objects.get(uuid="GPU-s0")
+    assert gpu.first_seen_at == base
+    assert gpu.last_seen_at == base + dt.timedelta(minutes=2)
+
+
+@pytest.mark.parametrize("one_statement_max", [0, 10_000])
+def test_duplicates_counted_on_both_paths(
+    agent: Any, base: Any, postgres: Any, one_statement_max: int
+) -> None:
+    """COPY (+ staging on a duplicate) and the one-statement path count duplicates alike."""
+    from unittest import mock
+
+    with mock.patch("telemetry.ingest_store.ONE_STATEMENT_MAX_ROWS", one_statement_max):
+        a = agent()
+        first = [sample("GPU-d", base + dt.timedelta(minutes=m)) for m in range(3)]
+        assert a.post(push(first, [gpu_block("GPU-d")])).json()["accepted"] == 3
+        versions = dict(RollupPending.objects.values_list("hour", "version"))
+        again = first + [sample("GPU-d", base + dt.timedelta(minutes=4))] * 2
+        again += [sample("GPU-d", base, util_pct=101.0)]  # rejected: stores nothing
+        r = a.post(push(again))
+        assert r.json()["accepted"] == 1 and r.json()["duplicates"] == 4
+        assert [x["index"] for x in r.json()["rejected"]] == [5]
+        assert stored() == 4
+        marks = dict(RollupPending.objects.values_list("hour", "version"))
+        assert marks == {h: v + 1 for h, v in versions.items()}

@@ -140,12 +140,34 @@ def test_database_error_inside_copy_answers_503(db: Any, client: Any, postgres: 
     import psycopg
 
     node, token = node_token_issue(hostname="copy-fails")
-    with mock.patch.object(
-        psycopg.Copy, "write_row", side_effect=psycopg.OperationalError("connection lost")
+    with (
+        # A one-sample push takes the one-statement path; force COPY.
+        mock.patch("telemetry.ingest_store.ONE_STATEMENT_MAX_ROWS", 0),
+        mock.patch.object(
+            psycopg.Copy, "write_row", side_effect=psycopg.OperationalError("connection lost")
+        ),
     ):
         r = client.post(
             URL,
             data=_push("GPU-copy"),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {token}",
+        )
+    assert r.status_code == 503, r.content
+    assert not Sample.objects.exists()
+
+
+def test_database_error_in_one_statement_answers_503(db: Any, client: Any, postgres: Any) -> None:
+    """The small-batch path (one statement, no COPY) maps psycopg's errors to 503 too."""
+    import psycopg
+
+    node, token = node_token_issue(hostname="stmt-fails")
+    with mock.patch.object(
+        psycopg.ClientCursor, "execute", side_effect=psycopg.OperationalError("connection lost")
+    ):
+        r = client.post(
+            URL,
+            data=_push("GPU-stmt"),
             content_type="application/json",
             HTTP_AUTHORIZATION=f"Bearer {token}",
         )
