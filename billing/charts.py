@@ -479,22 +479,35 @@ def _vline(
     return shape, note
 
 
-def breakeven_curve(result: BreakevenResult) -> Figure:
-    """Own cost per million tokens against utilisation, the API price, u* and today's u."""
+def _own_against_line(
+    result: BreakevenResult,
+    *,
+    own: list[float | None],
+    own_name: str,
+    line_y: float,
+    line_name: str,
+    line_color: str,
+    breakeven: float | None,
+    breakeven_label: str,
+    unit: str,
+    hover_format: str,
+    height: int,
+    **layout: Any,
+) -> Figure:
+    """Own cost against utilisation beside a flat alternative (an API price, a rental rate),
+    with the break-even and today's utilisation marked: the two break-even charts."""
     us = [round(u * 100, 1) for u, _ in result.curve]
-    own = [_num(c, 4) for _, c in result.curve]
-    api = float(result.api_price_per_mtok)
+    marks = [
+        (breakeven, line_color, breakeven_label, "dash"),
+        (result.utilization, AIR, "today", "solid"),
+    ]
     shapes, notes = [], []
-    if result.breakeven_utilization is not None:
-        s, n = _vline(
-            result.breakeven_utilization * 100, API, f"u* {result.breakeven_utilization:.0%}"
-        )
-        shapes.append(s)
-        notes.append(n)
-    if result.utilization is not None:
-        s, n = _vline(result.utilization * 100, AIR, f"today {result.utilization:.0%}", "solid")
-        shapes.append(s)
-        notes.append(n)
+    for u, color, label, dash in marks:
+        if u is not None:
+            s, n = _vline(u * 100, color, f"{label} {u:.0%}", dash)
+            shapes.append(s)
+            notes.append(n)
+    hover = f"%{{y:{hover_format}}} {result.currency}{unit}"
     return {
         "data": [
             {
@@ -502,30 +515,51 @@ def breakeven_curve(result: BreakevenResult) -> Figure:
                 "mode": "lines",
                 "x": us,
                 "y": own,
-                "name": "Own GPUs",
+                "name": own_name,
                 "line": {"color": MONEY, "width": 2.5},
-                "hovertemplate": f"%{{y:,.3f}} {result.currency} / M tok<extra>own</extra>",
+                "hovertemplate": hover + "<extra>own</extra>",
             },
             {
                 "type": "scatter",
                 "mode": "lines",
                 "x": [0, 100],
-                "y": [api, api],
-                "name": "API price",
-                "line": {"color": API, "width": 2.5},
-                "hovertemplate": f"%{{y:,.3f}} {result.currency} / M tok<extra>API</extra>",
+                "y": [line_y, line_y],
+                "name": line_name,
+                "line": {"color": line_color, "width": 2.5},
+                "hovertemplate": hover + f"<extra>{line_name}</extra>",
             },
         ],
         "layout": _layout(
-            height=380,
-            hovermode="x unified",
+            height=height,
             shapes=shapes,
             annotations=notes,
             xaxis={"title": {"text": "utilisation %"}, "range": [0, 100]},
-            yaxis={"title": {"text": f"{result.currency} per million tokens"}, "type": "log"},
+            yaxis={
+                "title": {"text": f"{result.currency} per {unit.strip(' /')}"},
+                "type": "log",
+            },
             margin={"l": 64, "r": 16, "t": 40, "b": 44},
+            **layout,
         ),
     }
+
+
+def breakeven_curve(result: BreakevenResult) -> Figure:
+    """Own cost per million tokens against utilisation, the API price, u* and today's u."""
+    return _own_against_line(
+        result,
+        own=[_num(c, 4) for _, c in result.curve],
+        own_name="Own GPUs",
+        line_y=float(result.api_price_per_mtok),
+        line_name="API price",
+        line_color=API,
+        breakeven=result.breakeven_utilization,
+        breakeven_label="u*",
+        unit=" / million tokens",
+        hover_format=",.3f",
+        height=380,
+        hovermode="x unified",
+    )
 
 
 def breakeven_month(result: BreakevenResult) -> Figure:
@@ -559,52 +593,19 @@ def rent_curve(result: BreakevenResult) -> Figure | None:
     if result.rental_rate_per_hour is None or not result.tokens_per_s:
         return None
     mtok_per_air_hour = result.tokens_per_s * 3600 / 1e6  # unit change: M tokens per air hour
-    us = [round(u * 100, 1) for u, _ in result.curve]
-    own = [_num(float(c) * mtok_per_air_hour, 4) for _, c in result.curve]
-    rate = float(result.rental_rate_per_hour)
-    shapes, notes = [], []
-    if result.rent_breakeven_utilization is not None:
-        s, n = _vline(
-            result.rent_breakeven_utilization * 100,
-            API,
-            f"u* rent {result.rent_breakeven_utilization:.0%}",
-        )
-        shapes.append(s)
-        notes.append(n)
-    if result.utilization is not None:
-        s, n = _vline(result.utilization * 100, AIR, f"today {result.utilization:.0%}", "solid")
-        shapes.append(s)
-        notes.append(n)
-    return {
-        "data": [
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "x": us,
-                "y": own,
-                "name": "Own, per air hour",
-                "line": {"color": MONEY, "width": 2.5},
-                "hovertemplate": f"%{{y:,.2f}} {result.currency}<extra>own</extra>",
-            },
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "x": [0, 100],
-                "y": [rate, rate],
-                "name": "Rent on demand",
-                "line": {"color": HELD, "width": 2.5},
-                "hovertemplate": f"%{{y:,.2f}} {result.currency}<extra>rent</extra>",
-            },
-        ],
-        "layout": _layout(
-            height=320,
-            shapes=shapes,
-            annotations=notes,
-            xaxis={"title": {"text": "utilisation %"}, "range": [0, 100]},
-            yaxis={"title": {"text": f"{result.currency} per air hour"}, "type": "log"},
-            margin={"l": 64, "r": 16, "t": 40, "b": 44},
-        ),
-    }
+    return _own_against_line(
+        result,
+        own=[_num(float(c) * mtok_per_air_hour, 4) for _, c in result.curve],
+        own_name="Own, per air hour",
+        line_y=float(result.rental_rate_per_hour),
+        line_name="Rent on demand",
+        line_color=HELD,
+        breakeven=result.rent_breakeven_utilization,
+        breakeven_label="u* rent",
+        unit=" / air hour",
+        hover_format=",.2f",
+        height=320,
+    )
 
 
 def iso_hours(hours: Iterable[dt.datetime]) -> list[str]:
