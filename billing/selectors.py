@@ -31,8 +31,8 @@ from types import SimpleNamespace
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django.db import connection
-from django.db.models import Case, IntegerField, QuerySet, Sum, Value, When
+from django.db import connection, transaction
+from django.db.models import Case, IntegerField, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
 from django.utils import timezone
 
@@ -611,7 +611,7 @@ def _pooled_segments(
     klass_of = {g.id: k for k, group in members.items() for g in group}
     zone_name = zone.key if isinstance(zone, ZoneInfo) else "UTC"
     ids = list(klass_of)
-    params = {
+    params: dict[str, Any] = {
         "ids": ids,
         "classes": [klass_of[i] for i in ids],
         "firsts": [days[i][0] for i in ids],
@@ -735,7 +735,7 @@ def _compute(
             by_boundary[info.boundary_hour].append(info.id)
     split_ids = [i for ids in by_boundary.values() for i in ids]
     pooled_days: dict[int, tuple[dt.date, dt.date]] = {}
-    sum_rows: list[dict[str, object]] = []
+    sum_rows: list[dict[str, Any]] = []
     daily_zone = _daily_zone(zone)
     if daily_zone:
         # Whole local days from the daily pre-aggregate (24× fewer rows), except for the GPUs
@@ -751,11 +751,18 @@ def _compute(
             dailies = DailyUsage.objects.filter(day__gte=start, day__lt=day)
             if split_ids:
                 dailies = dailies.exclude(gpu_id__in=split_ids)
-            by_range: dict[tuple[dt.date, dt.date], list[int]] = defaultdict(list)
-            for gpu_id, days in pooled_days.items():
-                by_range[days].append(gpu_id)
-            for (first, last), ids in by_range.items():  # few ranges: most GPUs share one
-                dailies = dailies.exclude(gpu_id__in=ids, day__gte=first, day__lt=last)
+            if pooled_days:
+                # Only the GPU-days not pooled: the days outside each pooled GPU's span, and
+                # every day of the other GPUs (few spans: most GPUs share one, so the days
+                # outside it are read by the day index, not by scanning the table).
+                by_range: dict[tuple[dt.date, dt.date], list[int]] = defaultdict(list)
+                for gpu_id, days in pooled_days.items():
+                    by_range[days].append(gpu_id)
+                unpooled = [g for g in gpus if g not in pooled_days]
+                wanted = Q(gpu_id__in=unpooled) if unpooled else Q(pk__in=[])
+                for (first, last), ids in by_range.items():
+                    wanted |= Q(gpu_id__in=ids) & (Q(day__lt=first) | Q(day__gte=last))
+                dailies = dailies.filter(wanted)
             dailies = _filtered(dailies, filters)
             fields = ["gpu_id", "node_id", "pool_id", "team_id", "site_id"]
             if period != "all":
@@ -791,9 +798,9 @@ def _compute(
 
     buckets_by_key = {b.key: b for b in buckets}
     # One segment per GPU, bucket, phase and attribution, whichever table its sums came from.
-    merged: dict[tuple[object, ...], _Segment] = {}
+    merged: dict[tuple[Any, ...], _Segment] = {}
     for row in sum_rows:
-        owner = gpus.get(row["gpu_id"])  # type: ignore[arg-type]
+        owner = gpus.get(row["gpu_id"])
         if owner is None:
             continue
         if period == "all":
@@ -803,31 +810,31 @@ def _compute(
             if isinstance(found, dt.datetime):
                 key = found.astimezone(zone).date()
             else:
-                key = _bucket_key(found, period, start)  # type: ignore[arg-type]
+                key = _bucket_key(found, period, start)
         bucket = buckets_by_key.get(key)
         if bucket is None:
             continue
         phase = row.get("phase", -1)
-        if phase < 0:  # type: ignore[operator]  # no depreciation boundary within the window
+        if phase < 0:  # no depreciation boundary within the window
             ends = owner.boundary_hour
             phase = 2 if ends is not None and ends < window_start else 0
-        ident = (owner.id, key, phase, row["node_id"], row["pool_id"], row["team_id"])
-        ident += (row["site_id"],)
+        ident: tuple[Any, ...] = (owner.id, key, phase, row["node_id"], row["pool_id"])
+        ident += (row["team_id"], row["site_id"])
         segment = merged.get(ident)
         if segment is None:
             merged[ident] = _Segment(
                 gpu=owner,
                 bucket=bucket,
-                phase=phase,  # type: ignore[arg-type]
-                node_id=row["node_id"],  # type: ignore[arg-type]
-                pool_id=row["pool_id"],  # type: ignore[arg-type]
-                team_id=row["team_id"],  # type: ignore[arg-type]
-                site_id=row["site_id"],  # type: ignore[arg-type]
-                sums={f: float(row[f] or 0) for f in _SUM_FIELDS},  # type: ignore[arg-type]
+                phase=phase,
+                node_id=row["node_id"],
+                pool_id=row["pool_id"],
+                team_id=row["team_id"],
+                site_id=row["site_id"],
+                sums={f: float(row[f] or 0) for f in _SUM_FIELDS},
             )
         else:
             for f in _SUM_FIELDS:
-                segment.sums[f] += float(row[f] or 0)  # type: ignore[arg-type]
+                segment.sums[f] += float(row[f] or 0)
     segments: list[_Segment] = list(merged.values())
     if pooled_days:
         segments += _pooled_segments(
@@ -848,11 +855,14 @@ def _compute(
         names.nodes.update(Node.objects.filter(pk__in=missing_nodes).values_list("id", "hostname"))
 
     # Offline hours: calendar capacity per phase less what was observed, to the current owner.
+    position = {b.key: i for i, b in enumerate(buckets)}
     for info in gpus.values():
-        for bucket in buckets:
-            days = pooled_days.get(info.id)
-            if days is not None and days[0] <= bucket.key < days[1]:
-                continue  # its offline hours are in the pooled segments
+        own = buckets
+        pooled_span = pooled_days.get(info.id)
+        if pooled_span is not None:  # its offline hours on those days are in pooled segments
+            cut = position[pooled_span[0]], position.get(pooled_span[1], len(buckets))
+            own = buckets[: cut[0]] + buckets[cut[1] :]
+        for bucket in own:
             span = cm.capacity_interval(
                 service_start=info.service_start,
                 retired_at=info.retired_at,
@@ -1115,12 +1125,13 @@ def _rows(computation: _Computation, group_by: str) -> list[CostRow]:
     grouped = _grouped(computation, group_by)
     if computation.pooled:
         assert group_by == "fleet", "pooled segments stand for a class of GPUs, not one"
+        by_span: dict[tuple[dt.date, dt.date], set[int]] = defaultdict(set)
+        for gpu_id, span in computation.pooled.items():
+            by_span[span].add(gpu_id)  # few spans: most GPUs share one
         for (bucket, _key), (_name, acc) in grouped.items():
-            acc.gpu_ids |= {
-                gpu_id
-                for gpu_id, (first, last) in computation.pooled.items()
-                if first <= bucket.key < last
-            }
+            for (first, last), ids in by_span.items():
+                if first <= bucket.key < last:
+                    acc.gpu_ids |= ids
     rows = [
         _cost_row(
             acc,
@@ -1153,6 +1164,101 @@ def fleet_trend(
         start=start, end=end, period="day", filters=filters or Filters(), now=now, pooled=True
     )
     return _rows(computation, "fleet")
+
+
+_UTILIZATION_SQL = """
+    -- Utilisation per GPU and local day, as arrays over the days: air / capacity, capacity
+    -- = observed + offline = greatest(observed, calendar seconds in service). Whole days
+    -- from the daily table, the day in progress from hourly rows. A day with no rows and no
+    -- calendar seconds is NULL (no capacity: not shown).
+    WITH span AS (
+        SELECT * FROM unnest(%(ids)s::bigint[], %(lo)s::timestamptz[], %(hi)s::timestamptz[])
+            AS s(gpu_id, lo, hi)
+    ), days AS (
+        SELECT i, %(start)s::date + i AS day,
+               (%(start)s::date + i)::timestamp AT TIME ZONE %(zone)s AS day_start,
+               (%(start)s::date + i + 1)::timestamp AT TIME ZONE %(zone)s AS day_end
+        FROM generate_series(0, %(days)s - 1) AS i
+    ), used AS (
+        SELECT gpu_id, day, sum(air_s) AS air_s, sum(observed_s) AS observed_s
+        FROM (
+            -- Other GPUs' rows find no span below: no filter on the GPU here.
+            SELECT gpu_id, day, air_s, observed_s FROM telemetry_dailyusage
+            WHERE day >= %(start)s AND day < %(whole_end)s
+            UNION ALL
+            SELECT gpu_id, (hour AT TIME ZONE %(zone)s)::date, air_s, observed_s
+            FROM telemetry_hourlyusage
+            WHERE hour >= %(hourly_from)s AND hour < %(capacity_end)s
+        ) rows
+        GROUP BY gpu_id, day
+    ), cells AS (
+        SELECT span.gpu_id, days.i, used.air_s, used.observed_s IS NOT NULL AS has_rows,
+               greatest(coalesce(used.observed_s, 0), greatest(0, extract(epoch FROM
+                   least(span.hi, days.day_end) - greatest(span.lo, days.day_start)))) AS cap_s
+        FROM span CROSS JOIN days
+        LEFT JOIN used ON used.gpu_id = span.gpu_id AND used.day = days.day
+    )
+    SELECT gpu_id,
+           array_agg(CASE WHEN cap_s > 0 THEN coalesce(air_s, 0) / cap_s END ORDER BY i),
+           bool_or(has_rows OR cap_s > 0)
+    FROM cells
+    GROUP BY gpu_id
+"""
+
+
+def _utilization_sql(
+    gpus: dict[int, _GpuInfo],
+    *,
+    start: dt.date,
+    end: dt.date,
+    zone: dt.tzinfo,
+    now: dt.datetime,
+) -> list[UtilizationRow]:
+    """``utilization_by_day`` in one statement (daily table in use, no attribution filter)."""
+    window_start = _local_midnight(start, zone).astimezone(dt.UTC)
+    capacity_end = max(window_start, min(_local_midnight(end, zone).astimezone(dt.UTC), now))
+    whole_end = start
+    while (
+        whole_end < end and _local_midnight(whole_end + dt.timedelta(days=1), zone) <= capacity_end
+    ):
+        whole_end += dt.timedelta(days=1)
+    ids, lows, highs = [], [], []
+    for gpu in gpus.values():
+        span = cm.capacity_interval(
+            service_start=gpu.service_start,
+            retired_at=gpu.retired_at,
+            start=window_start,
+            end=capacity_end,
+            now=now,
+        )
+        ids.append(gpu.id)
+        lows.append(span[0] if span else window_start)
+        highs.append(span[1] if span else window_start)
+    if not ids:
+        return []
+    params: dict[str, Any] = {
+        "ids": ids,
+        "lo": lows,
+        "hi": highs,
+        "start": start,
+        "days": (end - start).days,
+        "whole_end": whole_end,
+        "hourly_from": _local_midnight(whole_end, zone).astimezone(dt.UTC),
+        "capacity_end": capacity_end,
+        "zone": zone.key if isinstance(zone, ZoneInfo) else "UTC",
+    }
+    with transaction.atomic(), connection.cursor() as cursor:
+        # A GPU-day hash of a large fleet (1,000 × 90) outgrows the default 4 MB and would
+        # spill to disk; this statement only, in this transaction.
+        cursor.execute("SET LOCAL work_mem = '64MB'")
+        cursor.execute(_UTILIZATION_SQL, params)
+        found = {gpu_id: (values, shown) for gpu_id, values, shown in cursor.fetchall()}
+    out = []
+    for gpu in gpus.values():  # in the order of the GPU query, as the other path
+        values, shown = found.get(gpu.id, ([], False))
+        if shown:
+            out.append(UtilizationRow(key=gpu.uuid, name=gpu.label, values=list(values)))
+    return out
 
 
 @dataclass
@@ -1192,6 +1298,8 @@ def utilization_by_day(
         gpu_qs = gpu_qs.filter(uuid__in=filters.gpus)
     gpus = {g.pk: _gpu_info(g, {}, now) for g in _gpu_rows(gpu_qs)}  # type: ignore[arg-type]
     index = {b.key: i for i, b in enumerate(buckets)}
+    if _daily_zone(zone) and not _by_attribution(filters):
+        return _utilization_sql(gpus, start=start, end=end, zone=zone, now=now)
 
     # (gpu, day index) → [air s kept by the filters, observed s kept, observed s in all]
     sums: dict[tuple[int, int], list[float]] = {}

@@ -1,0 +1,227 @@
+"""The fast paths of issue 6 against the plain path, on a fleet with every awkward case.
+
+The plain path is the selectors reading hourly rollups only (what they do when the daily
+pre-aggregate is not in use: SQLite, or a report zone it was not built for). The fast paths:
+the daily table (PostgreSQL), ``cost_rows_by`` (several groupings from one computation),
+``fleet_trend`` (the overview's fleet per day, summed per rate class) and
+``utilization_by_day`` (the heatmap). Each must give the figures of the plain path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from billing import selectors
+from tests.billing.conftest import FleetBuilder, at
+
+START = dt.date(2026, 3, 1)
+END = dt.date(2026, 3, 11)  # exclusive
+NOW = at("2026-03-10T13:25")  # inside the last day: a partial day up to now
+H = dt.timedelta(hours=1)
+
+
+def _wave(i: int, h: int) -> float:
+    return 0.5 + 0.45 * math.sin(i * 1.7 + h / 5.0)
+
+
+@pytest.fixture
+def awkward(fleet: FleetBuilder) -> dict[str, Any]:
+    """Six GPUs over ten days: steady owned and rented ones, one whose depreciation ends
+    mid-window, one that enters service mid-day, one retired mid-day, one that moves to
+    another pool (and site) mid-day, one without a profile; gaps (offline hours) and a day
+    with overlapping samples (more observed than the day)."""
+    fra = fleet.site("fra1", pue="1.4", price_per_kwh="0.21", grid_g_per_kwh=380.0)
+    iad = fleet.site("iad1", pue="1.2", price_per_kwh="0.09", grid_g_per_kwh=390.0)
+    research, product = fleet.team("research"), fleet.team("product")
+    train = fleet.pool("train", site=fra, team=research)
+    serve = fleet.pool("serve", site=iad, team=product)
+    spare = fleet.pool("spare", site=fra, team=product)
+    n1, n2, n3 = fleet.node("n1", pool=train), fleet.node("n2", pool=serve), fleet.node("n3")
+    n3.pool = spare
+    n3.save()
+    h100, a100 = fleet.model("H100-SXM"), fleet.model("A100", max_power_w=400, idle_power_w=50)
+    fleet.owned("pool:train", purchase_price="30000.00", depreciation_years="5")
+    fleet.rented("pool:serve", rental_rate_per_hour="2.49")
+    # Depreciated over 1 year from 2025-03-05 10:30: ends inside the window.
+    fleet.owned("gpu:GPU-old", purchase_price="9000.00", depreciation_years="1")
+    early = at("2026-01-01T00")
+    gpus = {
+        "steady": fleet.gpu("GPU-steady", node=n1, index=0, in_service_at=early, model=h100),
+        "old": fleet.gpu(
+            "GPU-old", node=n1, index=1, in_service_at=at("2025-03-05T10:30"), model=a100
+        ),
+        "late": fleet.gpu(
+            "GPU-late", node=n1, index=2, in_service_at=at("2026-03-03T07:20"), model=h100
+        ),
+        "retired": fleet.gpu(
+            "GPU-retired",
+            node=n2,
+            index=0,
+            in_service_at=early,
+            model=h100,
+            retired_at=at("2026-03-06T15:40"),
+        ),
+        "mover": fleet.gpu("GPU-mover", node=n2, index=1, in_service_at=early, model=h100),
+        "bare": fleet.gpu("GPU-bare", node=n3, index=0, in_service_at=early, model=a100),
+    }
+    rows = []
+    hour = at("2026-03-01T00")
+    i = 0
+    while hour < at("2026-03-10T14"):
+        for k, (name, gpu) in enumerate(gpus.items()):
+            if name == "late" and hour < at("2026-03-03T07"):
+                continue
+            if name == "retired" and hour >= at("2026-03-06T16"):
+                continue
+            if (i + k) % 17 == 0:
+                continue  # an offline hour
+            u = _wave(k, i)
+            observed = 3600.0 if (i + k) % 5 else 1800.0
+            if name == "steady" and hour.date() == dt.date(2026, 3, 4):
+                observed = 3900.0  # overlapping samples: more observed than the hour
+            values = {
+                "samples": 60,
+                "observed_s": observed,
+                "air_s": observed * u,
+                "held_s": observed * (1 - u) * 0.6,
+                "parked_s": observed * (1 - u) * 0.4,
+                "energy_j": observed * (69 + 560 * u),
+                "idle_energy_j": observed * 69 if u < 0.1 else 0.0,
+                "idle_s": observed if u < 0.1 else 0.0,
+                "throttle_any_s": 60.0 * (k % 2),
+                "throttle_power_cap_s": 60.0 * (k % 2),
+                "sm_active_s": observed * u * 0.8 if k == 0 else 0.0,
+                "sm_observed_s": observed if k == 0 else 0.0,
+            }
+            if name == "mover" and hour >= at("2026-03-05T11"):
+                values.update(node=n1, pool=train, site=fra, team=research)
+            rows.append(fleet.usage(gpu, hour, **values))
+        hour += H
+        i += 1
+    fleet.save(rows)
+    # The mover's current place is n1 now (its offline hours go there).
+    gpus["mover"].node = n1
+    gpus["mover"].save()
+    return gpus
+
+
+def _close(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, Decimal):
+        return bool(abs(a - b) <= abs(b) * Decimal("1e-12") + Decimal("1e-18"))
+    if isinstance(a, float):
+        return bool(a == pytest.approx(b, rel=1e-12, abs=1e-9))
+    return bool(a == b)
+
+
+def assert_rows_equal(got: list[Any], want: list[Any]) -> None:
+    assert [(r.period_start, r.key) for r in got] == [(r.period_start, r.key) for r in want]
+    for g, w in zip(got, want, strict=True):
+        for name in w.__dataclass_fields__:
+            assert _close(getattr(g, name), getattr(w, name)), (w.key, w.period_start, name)
+
+
+def plain_path() -> None:
+    """Stop using the daily table: the selectors fall back to hourly rows only."""
+    from telemetry.models import DailyUsageState
+
+    DailyUsageState.objects.all().delete()
+
+
+needs_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the daily table is kept on PostgreSQL only"
+)
+
+FILTERS = [
+    selectors.Filters(),
+    selectors.Filters(pools=("train",)),
+    selectors.Filters(sites=("iad1",), models=("H100-SXM",)),
+]
+
+
+@needs_postgres
+def test_daily_table_gives_the_figures_of_the_hourly_rows(awkward: dict[str, Any]) -> None:
+    from telemetry.models import DailyUsageState
+
+    assert DailyUsageState.objects.get().zone == "UTC"  # in use for these tests
+    cases = [
+        (group_by, period, flt)
+        for group_by in selectors.GROUP_BY
+        for period in selectors.PERIODS
+        for flt in FILTERS
+    ]
+    fast = {
+        c: selectors.cost_rows(
+            start=START, end=END, group_by=c[0], period=c[1], filters=c[2], now=NOW
+        )
+        for c in cases
+    }
+    summary = selectors.fleet_summary(start=START, end=END, now=NOW)
+    plain_path()
+    for c in cases:
+        want = selectors.cost_rows(
+            start=START, end=END, group_by=c[0], period=c[1], filters=c[2], now=NOW
+        )
+        assert want, c
+        assert_rows_equal(fast[c], want)
+    plain = selectors.fleet_summary(start=START, end=END, now=NOW)
+    assert_rows_equal([summary.row], [plain.row])
+    assert summary.recoverable_gpus == pytest.approx(plain.recoverable_gpus, rel=1e-12)
+
+
+@pytest.mark.parametrize("flt", FILTERS)
+def test_fleet_trend_is_the_fleet_per_day(awkward: dict[str, Any], flt: selectors.Filters) -> None:
+    got = selectors.fleet_trend(start=START, end=END, filters=flt, now=NOW)
+    want = selectors.cost_rows(
+        start=START, end=END, group_by="fleet", period="day", filters=flt, now=NOW
+    )
+    assert want and (flt.sites or len(want) == 10)
+    assert_rows_equal(got, want)
+    # A past range: no partial day, every day pooled where it can be.
+    got = selectors.fleet_trend(start=START, end=dt.date(2026, 3, 8), filters=flt, now=NOW)
+    want = selectors.cost_rows(
+        start=START,
+        end=dt.date(2026, 3, 8),
+        group_by="fleet",
+        period="day",
+        filters=flt,
+        now=NOW,
+    )
+    assert_rows_equal(got, want)
+
+
+@pytest.mark.parametrize("flt", FILTERS)
+def test_utilization_by_day_is_the_gpu_day_utilization(
+    awkward: dict[str, Any], flt: selectors.Filters
+) -> None:
+    got = selectors.utilization_by_day(start=START, end=END, filters=flt, now=NOW)
+    want = selectors.cost_rows(
+        start=START, end=END, group_by="gpu", period="day", filters=flt, now=NOW
+    )
+    expected: dict[str, list[float | None]] = {}
+    for r in want:
+        cells = expected.setdefault(r.key, [None] * 10)
+        cells[(r.period_start.date() - START).days] = r.utilization
+    assert {r.key: r.name for r in got} == {r.key: r.name for r in want}
+    for row in got:
+        for value, wanted in zip(row.values, expected[row.key], strict=True):
+            assert (value is None) == (wanted is None), row.key
+            if value is not None:
+                assert value == pytest.approx(wanted, rel=1e-12, abs=1e-12), row.key
+
+
+def test_cost_rows_by_is_cost_rows_for_each_grouping(awkward: dict[str, Any]) -> None:
+    got = selectors.cost_rows_by(
+        start=START, end=END, group_bys=("gpu", "model", "team", "pool"), now=NOW
+    )
+    for group_by, rows in got.items():
+        want = selectors.cost_rows(start=START, end=END, group_by=group_by, now=NOW)
+        assert_rows_equal(rows, want)
+        assert rows == want  # the same computation: identical, not just close
