@@ -185,6 +185,9 @@ def overview(request: HttpRequest) -> HttpResponse:
     )
 
 
+BOARD_PAGE_SIZE = 100
+
+
 @login_required
 @permission_required("fleet.view_dashboard", raise_exception=True)
 def fleet_board(request: HttpRequest) -> HttpResponse:
@@ -216,16 +219,15 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
         last_seen = gpu.last_seen_at if gpu else None
         board.append(
             {
+                "row": r,
                 "name": r.name,
                 "uuid": r.key,
-                "url": reverse("gpu-detail", args=[r.key]),
                 "model": gpu.model.name if gpu and gpu.model else (gpu.name if gpu else ""),
                 "node": gpu.node.hostname if gpu else "",
                 "utilization": r.utilization,
                 "utilization_text": pct(r.utilization),
                 "hours_in_air_per_day": r.hours_in_air_per_day,
                 "air_text": num(r.hours_in_air_per_day),
-                "blocks": blocks(r),
                 "idle_cost": r.idle_cost if costs else None,
                 "idle_cost_text": money(r.idle_cost) if costs else "",
                 "offline_hours": r.offline_hours,
@@ -247,6 +249,18 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
     missing = [b for b in board if b[attr] is None]
     present.sort(key=lambda b: b[attr], reverse=direction == "desc")
     board = present + missing  # unknowns last whichever way
+    # A page of rows at a time: the whole fleet is sorted, only the page is drawn (drawing
+    # 1,000 day bars took longer than computing them).
+    pages = max(1, -(-len(board) // BOARD_PAGE_SIZE))
+    try:
+        page = min(max(1, int(request.GET.get("page", "1"))), pages)
+    except ValueError:
+        page = 1
+    first = (page - 1) * BOARD_PAGE_SIZE
+    shown = board[first : first + BOARD_PAGE_SIZE]
+    for b in shown:
+        b["url"] = reverse("gpu-detail", args=[b["uuid"]])
+        b["blocks"] = blocks(b.pop("row"))
     columns = []
     for key, (col_label, _attr, col_worst) in SORTS.items():
         if key in MONEY_SORTS and not costs:
@@ -273,8 +287,18 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
             request,
             flt,
             "fleet",
-            board=board,
+            board=shown,
             figures=figures,
+            board_page=page,
+            board_pages=pages,
+            first_shown=first + 1 if shown else 0,
+            last_shown=first + len(shown),
+            prev_qs=flt.with_params(sort=sort, dir=direction, page=str(page - 1))
+            if page > 1
+            else "",
+            next_qs=flt.with_params(sort=sort, dir=direction, page=str(page + 1))
+            if page < pages
+            else "",
             sort=sort,
             direction=direction,
             columns={c["key"]: c for c in columns},

@@ -136,6 +136,23 @@ def test_fleet_board_is_worst_first_and_sortable(role_client):
     assert re.findall(r'class="uuid">(GPU-test-\d+)', html)[0] == "GPU-test-0000"
 
 
+def test_fleet_board_pages_through_the_sorted_fleet(role_client, monkeypatch):
+    monkeypatch.setattr("billing.views.BOARD_PAGE_SIZE", 3)
+    make_fleet(4)
+    client = role_client("viewer")
+
+    def page(n: str) -> tuple[list[str], str]:
+        html = client.get(_url("fleet-board", page=n)).content.decode()
+        return re.findall(r'class="uuid">(GPU-test-\d+)', html), html
+
+    first, html = page("1")
+    assert first == ["GPU-test-0000", "GPU-test-0001", "GPU-test-0002"]
+    assert "GPUs 1–3 of 4 · page 1 of 2" in html and 'rel="next"' in html
+    second, html = page("2")
+    assert second == ["GPU-test-0003"] and 'rel="prev"' in html and 'rel="next"' not in html
+    assert page("99")[0] == second and page("x")[0] == first  # clamped; junk → first page
+
+
 def test_break_even_form_recomputes(role_client):
     make_fleet(2)
     client = role_client("finance")
