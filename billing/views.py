@@ -185,7 +185,32 @@ def overview(request: HttpRequest) -> HttpResponse:
     )
 
 
-BOARD_PAGE_SIZE = 100
+BOARD_PAGE_SIZE = 100  # GPUs per page of the fleet board and the heatmap
+
+
+def _page_of(
+    items: list[Any], request: HttpRequest, flt: Any, **keep: str
+) -> tuple[list[Any], dict[str, Any]]:
+    """One page of ``items`` (already in display order) and the pager's context. The whole
+    list is computed and sorted; only the page is drawn, since drawing 1,000 GPUs' rows or
+    heatmap lines took longer than computing them."""
+    pages = max(1, -(-len(items) // BOARD_PAGE_SIZE))
+    try:
+        page = min(max(1, int(request.GET.get("page", "1"))), pages)
+    except ValueError:
+        page = 1
+    first = (page - 1) * BOARD_PAGE_SIZE
+    shown = items[first : first + BOARD_PAGE_SIZE]
+    pager = {
+        "board_page": page,
+        "board_pages": pages,
+        "first_shown": first + 1 if shown else 0,
+        "last_shown": first + len(shown),
+        "total_shown": len(items),
+        "prev_qs": flt.with_params(**keep, page=str(page - 1)) if page > 1 else "",
+        "next_qs": flt.with_params(**keep, page=str(page + 1)) if page < pages else "",
+    }
+    return shown, pager
 
 
 @login_required
@@ -249,15 +274,7 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
     missing = [b for b in board if b[attr] is None]
     present.sort(key=lambda b: b[attr], reverse=direction == "desc")
     board = present + missing  # unknowns last whichever way
-    # A page of rows at a time: the whole fleet is sorted, only the page is drawn (drawing
-    # 1,000 day bars took longer than computing them).
-    pages = max(1, -(-len(board) // BOARD_PAGE_SIZE))
-    try:
-        page = min(max(1, int(request.GET.get("page", "1"))), pages)
-    except ValueError:
-        page = 1
-    first = (page - 1) * BOARD_PAGE_SIZE
-    shown = board[first : first + BOARD_PAGE_SIZE]
+    shown, pager = _page_of(board, request, flt, sort=sort, dir=direction)
     for b in shown:
         b["url"] = reverse("gpu-detail", args=[b["uuid"]])
         b["blocks"] = blocks(b.pop("row"))
@@ -289,16 +306,7 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
             "fleet",
             board=shown,
             figures=figures,
-            board_page=page,
-            board_pages=pages,
-            first_shown=first + 1 if shown else 0,
-            last_shown=first + len(shown),
-            prev_qs=flt.with_params(sort=sort, dir=direction, page=str(page - 1))
-            if page > 1
-            else "",
-            next_qs=flt.with_params(sort=sort, dir=direction, page=str(page + 1))
-            if page < pages
-            else "",
+            **pager,
             sort=sort,
             direction=direction,
             columns={c["key"]: c for c in columns},
@@ -334,10 +342,11 @@ def heatmap(request: HttpRequest) -> HttpResponse:
     else:
         order = "name"
         keys.sort(key=lambda k: labels[k])
+    shown, pager = _page_of(keys, request, flt, order=order)
     figure = charts.utilization_heatmap(
-        gpu_labels=[labels[k] for k in keys],
+        gpu_labels=[labels[k] for k in shown],
         columns=[d.isoformat() for d in days],
-        z=[matrix[k] for k in keys],
+        z=[matrix[k] for k in shown],
         by="day",
     )
     return render(
@@ -350,6 +359,7 @@ def heatmap(request: HttpRequest) -> HttpResponse:
             figures={"chart-heatmap": figure},
             order=order,
             gpu_count=len(keys),
+            **pager,
             keep=[("order", order)],
             qs_name=flt.with_params(order="name"),
             qs_util=flt.with_params(order="util"),

@@ -153,6 +153,25 @@ def test_fleet_board_pages_through_the_sorted_fleet(role_client, monkeypatch):
     assert page("99")[0] == second and page("x")[0] == first  # clamped; junk → first page
 
 
+def test_heatmap_pages_through_gpus(role_client, monkeypatch):
+    import json
+
+    monkeypatch.setattr("billing.views.BOARD_PAGE_SIZE", 3)
+    make_fleet(4)
+    client = role_client("viewer")
+
+    def lines(n: str) -> list[str]:
+        html = client.get(_url("heatmap", page=n)).content.decode()
+        data = re.search(
+            r'<script id="chart-heatmap" type="application/json">(.*?)</script>', html, re.S
+        )
+        assert data, html[-1500:]
+        return json.loads(data.group(1))["data"][0]["y"]
+
+    assert len(lines("1")) == 3 and len(lines("2")) == 1
+    assert not set(lines("1")) & set(lines("2"))
+
+
 def test_break_even_form_recomputes(role_client):
     make_fleet(2)
     client = role_client("finance")
