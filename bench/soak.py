@@ -323,7 +323,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # Wait for the interval [boundary, boundary + interval) to close, then push it.
             close = boundary + interval
             while time.time() < close:
-                time.sleep(min(0.05, close - time.time()))
+                time.sleep(
+                    max(0.0, min(0.05, close - time.time()))
+                )  # the clock moves between reads
                 if time.time() >= next_rollup:
                     sender.send_task("telemetry.tasks.rollup_task", queue=stack.queue)
                     next_rollup += args.rollup_every
