@@ -394,7 +394,7 @@ def test_ingest_property_through_http(batch: list[dict[str, Any]]) -> None:
             "ok": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "naive": start.strftime("%Y-%m-%dT%H:%M:%S"),
             "garbage": "the day before yesterday",
-            "future": (base + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "future": (base + dt.timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "ancient": (base - dt.timedelta(days=40)).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "number": start.timestamp(),
         }[how]
