@@ -81,9 +81,11 @@ def overview(request: HttpRequest) -> HttpResponse:
     """
     flt = dashboard_filters(request.GET)
     costs = _can_view_costs(request)
-    summary = selectors.fleet_summary(start=flt.start, end=flt.end_exclusive, filters=flt.filters)
-    # The trend charts: the fleet per day by the pooled path (per rate class, not per GPU-day).
-    daily = selectors.fleet_trend(start=flt.start, end=flt.end_exclusive, filters=flt.filters)
+    # The cards (the whole window) and the trend charts (the fleet per day by the pooled
+    # path, per rate class, not per GPU-day), from one load of the GPUs and their terms.
+    summary, daily = selectors.fleet_overview(
+        start=flt.start, end=flt.end_exclusive, filters=flt.filters
+    )
     row = summary.row
     cur = flt.currency
     target = summary.target_utilization
@@ -232,32 +234,31 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
         filters=flt.filters,
     )
     rows, by_model = grouped["gpu"], grouped["model"]
-    # One query for what the rollups do not hold: model, last seen, in-service window.
+    # One query for what the rollups do not hold (model, node, last seen): plain values, no
+    # model instances (a thousand GPUs).
     gpus = {
-        g.uuid: g
-        for g in Gpu.objects.select_related("node", "model").filter(uuid__in=[r.key for r in rows])
+        uuid: (model_name if model_id is not None else gpu_name, hostname, last_seen)
+        for uuid, model_id, model_name, gpu_name, hostname, last_seen in Gpu.objects.filter(
+            uuid__in=[r.key for r in rows]
+        ).values_list("uuid", "model_id", "model__name", "name", "node__hostname", "last_seen_at")
     }
     now = timezone.now()
     board: list[dict[str, Any]] = []
     for r in rows:
-        gpu = gpus.get(r.key)
-        last_seen = gpu.last_seen_at if gpu else None
+        found = gpus.get(r.key)
+        last_seen = found[2] if found else None
         board.append(
             {
                 "row": r,
                 "name": r.name,
                 "uuid": r.key,
-                "model": gpu.model.name if gpu and gpu.model else (gpu.name if gpu else ""),
-                "node": gpu.node.hostname if gpu else "",
+                "model": found[0] if found else "",
+                "node": found[1] if found else "",
                 "utilization": r.utilization,
-                "utilization_text": pct(r.utilization),
                 "hours_in_air_per_day": r.hours_in_air_per_day,
-                "air_text": num(r.hours_in_air_per_day),
                 "idle_cost": r.idle_cost if costs else None,
-                "idle_cost_text": money(r.idle_cost) if costs else "",
                 "offline_hours": r.offline_hours,
                 "throttled_hours": r.throttled_hours,
-                "throttled_text": num(r.throttled_hours),
                 "last_seen": last_seen,
                 "stale": last_seen is None or now - last_seen > dt.timedelta(minutes=15),
                 "priced": r.priced,
@@ -275,9 +276,14 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
     present.sort(key=lambda b: b[attr], reverse=direction == "desc")
     board = present + missing  # unknowns last whichever way
     shown, pager = _page_of(board, request, flt, sort=sort, dir=direction)
-    for b in shown:
+    for b in shown:  # the text of the rows drawn only
+        r = b.pop("row")
+        b["utilization_text"] = pct(r.utilization)
+        b["air_text"] = num(r.hours_in_air_per_day)
+        b["idle_cost_text"] = money(r.idle_cost) if costs else ""
+        b["throttled_text"] = num(r.throttled_hours)
         b["url"] = reverse("gpu-detail", args=[b["uuid"]])
-        b["blocks"] = blocks(b.pop("row"))
+        b["blocks"] = blocks(r)
     columns = []
     for key, (col_label, _attr, col_worst) in SORTS.items():
         if key in MONEY_SORTS and not costs:
@@ -329,10 +335,17 @@ def heatmap(request: HttpRequest) -> HttpResponse:
     rows = selectors.utilization_by_day(start=flt.start, end=flt.end_exclusive, filters=flt.filters)
     days = [flt.start + dt.timedelta(days=i) for i in range(flt.days)]
     labels = {r.key: r.name for r in rows}
-    matrix = {r.key: [None if u is None else round(u * 100, 1) for u in r.values] for r in rows}
+    values = {r.key: r.values for r in rows}
+
+    def percents(k: str) -> list[float | None]:
+        return [None if u is None else round(u * 100, 1) for u in values[k]]
+
     order = request.GET.get("order", "name")
-    keys = list(matrix)
+    keys = list(values)
+    # Percentages (0.1 %) of the GPUs drawn only, unless the order needs every GPU's.
+    matrix: dict[str, list[float | None]] = {}
     if order == "util":
+        matrix = {k: percents(k) for k in keys}
 
         def mean(k: str) -> float:
             vals = [v for v in matrix[k] if v is not None]
@@ -346,7 +359,7 @@ def heatmap(request: HttpRequest) -> HttpResponse:
     figure = charts.utilization_heatmap(
         gpu_labels=[labels[k] for k in shown],
         columns=[d.isoformat() for d in days],
-        z=[matrix[k] for k in shown],
+        z=[matrix[k] if k in matrix else percents(k) for k in shown],
         by="day",
     )
     return render(

@@ -227,6 +227,26 @@ def test_cost_rows_by_is_cost_rows_for_each_grouping(awkward: dict[str, Any]) ->
         assert rows == want  # the same computation: identical, not just close
 
 
+@pytest.mark.parametrize("flt", FILTERS)
+def test_fleet_overview_is_the_summary_and_the_trend(
+    awkward: dict[str, Any], flt: selectors.Filters
+) -> None:
+    """The overview's one load of GPUs and terms for both periods gives the same figures as
+    ``fleet_summary`` and ``fleet_trend`` called apart."""
+    summary, trend = selectors.fleet_overview(start=START, end=END, filters=flt, now=NOW)
+    want = selectors.fleet_summary(start=START, end=END, filters=flt, now=NOW)
+    assert_rows_equal([summary.row], [want.row])
+    assert summary.row.total_cost == want.row.total_cost
+    assert summary.row.idle_cost == want.row.idle_cost
+    assert (summary.gpus_in_service, summary.gpus_offline_now) == (
+        want.gpus_in_service,
+        want.gpus_offline_now,
+    )
+    assert summary.recoverable_gpus == pytest.approx(want.recoverable_gpus, rel=1e-12)
+    assert summary.recoverable_money_per_year == want.recoverable_money_per_year
+    assert_rows_equal(trend, selectors.fleet_trend(start=START, end=END, filters=flt, now=NOW))
+
+
 @pytest.fixture(autouse=True)
 def _daily_state_present(request: Any) -> None:
     """The daily table's state row comes from a migration; a transactional test earlier in
