@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from urllib.parse import urlencode
-from zoneinfo import ZoneInfo
 
 from django.http import QueryDict
 from django.utils import timezone
@@ -23,13 +22,6 @@ from fleet.models import FleetSettings, Gpu
 DEFAULT_DAYS = 30
 MAX_DAYS = 400  # a bound on what one page may ask the selectors for
 FILTER_KEYS = ("site", "pool", "team", "model")
-
-
-def report_zone(fleet_settings: FleetSettings) -> ZoneInfo:
-    try:
-        return ZoneInfo(fleet_settings.report_time_zone)
-    except (ValueError, KeyError):
-        return ZoneInfo("UTC")
 
 
 @dataclass
@@ -94,7 +86,7 @@ def dashboard_filters(query: QueryDict, *, today: dt.date | None = None) -> Dash
     reported on the form and replaced by the defaults (the last 30 days, the whole fleet)."""
     fleet_settings = FleetSettings.load()
     if today is None:
-        today = timezone.now().astimezone(report_zone(fleet_settings)).date()
+        today = timezone.now().astimezone(fleet_settings.report_zone).date()
     form = FilterForm(query)
     form.is_valid()  # errors are shown; cleaned_data holds what was valid
     data: dict[str, Any] = getattr(form, "cleaned_data", {})
@@ -117,7 +109,7 @@ def dashboard_filters(query: QueryDict, *, today: dt.date | None = None) -> Dash
 
 def range_bounds(flt: DashboardFilters) -> tuple[dt.datetime, dt.datetime]:
     """The range as aware datetimes [start, end) in the report time zone."""
-    zone = report_zone(flt.fleet_settings)
+    zone = flt.fleet_settings.report_zone
     start = dt.datetime.combine(flt.start, dt.time(), tzinfo=zone)
     end = dt.datetime.combine(flt.end_exclusive, dt.time(), tzinfo=zone)
     return start, end

@@ -33,7 +33,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from billing import report_chart, selectors
-from billing.api.serializers import money_str, report_zone
+from billing.api.serializers import money_str
 from billing.models import WeeklyReport
 from fleet.models import FleetSettings, Gpu, Pool
 
@@ -68,7 +68,7 @@ def week_parse(value: str) -> dt.date:
 
 
 def report_now(now: dt.datetime | None = None) -> tuple[dt.datetime, ZoneInfo]:
-    zone = report_zone(FleetSettings.load())
+    zone = FleetSettings.load().report_zone
     return (now or timezone.now()).astimezone(zone), zone
 
 

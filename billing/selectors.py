@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 from types import SimpleNamespace
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from django.db import connection, transaction
 from django.db.models import Case, IntegerField, Q, QuerySet, Sum, Value, When
@@ -39,7 +39,7 @@ from django.utils import timezone
 from billing import breakeven as be
 from billing import cost_model as cm
 from billing.models import CostProfile
-from fleet.models import FleetSettings, Gpu, Node, Pool, Site, Team
+from fleet.models import FleetSettings, Gpu, Node, Pool, Site, Team, zone_or_utc
 from telemetry.models import DailyUsage, DailyUsageState, HourlyUsage
 
 GROUP_BY = ("gpu", "node", "pool", "team", "site", "model", "fleet")
@@ -257,10 +257,7 @@ def _local_midnight(day: dt.date, zone: dt.tzinfo) -> dt.datetime:
 def _report_zone(name: str, start: dt.date, end: dt.date) -> dt.tzinfo:
     """The report zone, or a fixed whole-hour offset where its midnights are not on UTC hours
     within the query (rollups are hourly, so buckets must be made of whole UTC hours)."""
-    try:
-        zone: dt.tzinfo = ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        zone = dt.UTC
+    zone: dt.tzinfo = zone_or_utc(name)
     day = start
     while day <= end:
         offset = _local_midnight(day, zone).utcoffset() or dt.timedelta(0)
@@ -470,12 +467,9 @@ def _daily_zone(zone: dt.tzinfo) -> bool:
     for this very zone); otherwise the selectors read hourly rows only."""
     if connection.vendor != "postgresql":
         return False
-    if isinstance(zone, ZoneInfo):
-        name = zone.key
-    elif zone is dt.UTC:
-        name = "UTC"
-    else:  # a fixed offset standing in for a zone with non-whole-hour midnights
-        return False
+    if not isinstance(zone, ZoneInfo):  # a fixed offset standing in for a zone with
+        return False  # non-whole-hour midnights
+    name = zone.key
     state = DailyUsageState.objects.order_by("id").values_list("zone", flat=True).first()
     return state is not None and state == name
 

@@ -6,10 +6,20 @@ Fleet knows neither samples nor money beyond a site's tariff (DESIGN.md §2).
 from __future__ import annotations
 
 from decimal import Decimal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+
+def zone_or_utc(name: str) -> ZoneInfo:
+    """The time zone of that name; UTC where this machine's tz database does not know it
+    (a fleet file checks names when applied, so this only guards a stale setting)."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return ZoneInfo("UTC")
 
 
 class FleetSettings(models.Model):
@@ -34,6 +44,11 @@ class FleetSettings(models.Model):
 
     def __str__(self) -> str:
         return f"Fleet settings ({self.currency}, {self.report_time_zone})"
+
+    @property
+    def report_zone(self) -> ZoneInfo:
+        """The report time zone: days, weeks and months of the API, dashboard and email."""
+        return zone_or_utc(self.report_time_zone)
 
     @classmethod
     def load(cls) -> FleetSettings:

@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from fleet.models import FleetSettings
+from fleet.models import FleetSettings, zone_or_utc
 from telemetry.pending import hours_mark
 from telemetry.selectors import rollup_lag_seconds
 
@@ -345,13 +345,7 @@ def rollup_backfill_mark() -> int:
 def daily_zone_name(zone_name: str) -> str:
     """The zone whose local days ``DailyUsage`` holds for this report zone: the zone itself,
     or UTC for a name that is no zone (the selectors read such a setting as UTC too)."""
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-    try:
-        ZoneInfo(zone_name)
-    except (ZoneInfoNotFoundError, ValueError):
-        return "UTC"
-    return zone_name
+    return zone_or_utc(zone_name).key
 
 
 def daily_usage_rebuild(*, zone_name: str | None = None) -> int:

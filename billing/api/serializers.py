@@ -11,14 +11,14 @@ import datetime as dt
 import math
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from rest_framework import serializers
 
 from billing.cost_model import money_round
 from billing.models import CostProfile
 from billing.selectors import PERIODS, BreakevenResult, CostRow
-from fleet.models import FleetSettings, GpuModel, Node, Pool, Site, Team
+from fleet.models import GpuModel, Node, Pool, Site, Team
 
 MICRO = Decimal("0.000001")
 HOURS_DECIMALS = 6
@@ -47,15 +47,6 @@ def num(value: float | None, places: int = HOURS_DECIMALS) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return round(float(value), places)
-
-
-def report_zone(fleet_settings: FleetSettings) -> ZoneInfo:
-    """The report time zone (days, weeks and months of the API and the email); UTC if the
-    stored name is unknown to this machine's tz database."""
-    try:
-        return ZoneInfo(fleet_settings.report_time_zone)
-    except (ZoneInfoNotFoundError, ValueError):
-        return ZoneInfo("UTC")
 
 
 def iso(value: dt.datetime, zone: ZoneInfo) -> str:

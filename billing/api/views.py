@@ -34,7 +34,6 @@ from billing.api.serializers import (
     CostsQuerySerializer,
     breakeven_data,
     cost_row_data,
-    report_zone,
 )
 from billing.models import CostProfile
 from fleet.api.views import ProtectedDeleteMixin
@@ -121,7 +120,7 @@ class FinanceAPIView(APIView):
 
     def clock(self) -> tuple[FleetSettings, Any, dt.date]:
         fleet_settings = FleetSettings.load()
-        zone = report_zone(fleet_settings)
+        zone = fleet_settings.report_zone
         return fleet_settings, zone, timezone.now().astimezone(zone).date()
 
 
