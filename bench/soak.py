@@ -119,26 +119,10 @@ class Stack:
             start_new_session=True,
         )
         self.worker_log = log_dir / "worker.log"
+        from config.celery import worker_argv
+
         self.worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                self.queue,
-                "-P",
-                "solo",
-                "-n",
-                f"{self.queue}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-l",
-                "INFO",
-            ],
+            worker_argv(queue=self.queue, name=f"{self.queue}@%h"),
             cwd=ROOT,
             env=env,
             stdout=self.worker_log.open("ab"),

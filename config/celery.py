@@ -34,3 +34,22 @@ app.conf.beat_schedule = {
         "options": {"expires": 3000},
     },
 }
+
+
+def worker_argv(*, queue: str, name: str, pool: str = "solo", concurrency: int = 1) -> list[str]:
+    """The command line of one Celery worker on ``queue``, as the fault tests and the soak
+    start it: without gossip, mingle and heartbeat, which only slow a lone worker's start."""
+    import sys
+
+    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", queue, "-P", pool]
+    if pool != "solo":
+        argv += ["-c", str(concurrency)]
+    return argv + [
+        "-n",
+        name,
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-l",
+        "INFO",
+    ]

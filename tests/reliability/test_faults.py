@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from config.celery import worker_argv
 from fleet.services import node_token_issue
 from telemetry.agent.agent import Agent
 from telemetry.agent.clock import VirtualClock
@@ -472,25 +473,7 @@ def test_redis_down_ingest_works_and_rollups_catch_up(
     )
     worker_log = tmp_path / "worker.log"
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "worker",
-            "-Q",
-            queue,
-            "-P",
-            "solo",
-            "-n",
-            f"{queue}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "INFO",
-        ],
+        worker_argv(queue=queue, name=f"{queue}@%h"),
         cwd=ROOT,
         env=env,
         stdout=worker_log.open("ab"),

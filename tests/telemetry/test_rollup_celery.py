@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from config.celery import worker_argv
 from telemetry.models import HourlyUsage, RollupPending
 from telemetry.pending import hours_mark
 from telemetry.rollup import BATCH_HOURS, TEST_SLEEP_ENV, rollup_run
@@ -59,27 +59,12 @@ class Worker:
         }
         self.log = log
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                queue,
-                "-P",
-                pool,
-                "-c",
-                str(concurrency),
-                "-n",
-                f"{queue}-{uuid.uuid4().hex[:6]}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-l",
-                "INFO",
-            ],
+            worker_argv(
+                queue=queue,
+                name=f"{queue}-{uuid.uuid4().hex[:6]}@%h",
+                pool=pool,
+                concurrency=concurrency,
+            ),
             cwd=settings.BASE_DIR,
             env=env,
             stdout=log.open("ab"),
