@@ -30,7 +30,7 @@ from django.db.models import DateTimeField, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 
 from fleet.models import Gpu
-from telemetry.pending import hours_mark, hours_mark_sql
+from telemetry.pending import MARK_CONFLICT, MARK_INSERT, hours_mark, hours_mark_sql
 
 COLUMNS = (
     "gpu_id",
@@ -78,6 +78,20 @@ COPY_TYPES = (
 STAGE_TABLE = "telemetry_ingest_stage"
 _COLS = ", ".join(COLUMNS)
 
+# Shared by both merge statements: each GPU's first/last seen moves from the rows really
+# inserted (``inserted``: gpu_id, start, seconds). LEAST/GREATEST ignore NULLs, so a GPU's
+# first sample sets both; the last end never passes the server's clock (the one parameter).
+_SEEN_FROM_INSERTED = """), per_gpu AS (
+    SELECT gpu_id, min(start) AS first_start,
+           max(start + seconds * interval '1 second') AS last_end
+    FROM inserted GROUP BY gpu_id
+), seen AS (
+    UPDATE fleet_gpu AS g
+    SET first_seen_at = LEAST(g.first_seen_at, p.first_start),
+        last_seen_at = GREATEST(g.last_seen_at, LEAST(p.last_end, %s::timestamptz))
+    FROM per_gpu AS p WHERE g.id = p.gpu_id
+"""
+
 # A session-private staging table: COPY cannot skip duplicates, INSERT … SELECT … ON CONFLICT
 # can. ON COMMIT DELETE ROWS resets its storage at every commit; the DELETE … RETURNING below
 # empties it within the statement too, so a batch never sees another's rows even inside an
@@ -98,16 +112,7 @@ WITH staged AS (
     SELECT {_COLS} FROM staged
     ON CONFLICT (gpu_id, start) DO NOTHING
     RETURNING gpu_id, start, seconds
-), per_gpu AS (
-    SELECT gpu_id, min(start) AS first_start,
-           max(start + seconds * interval '1 second') AS last_end
-    FROM inserted GROUP BY gpu_id
-), seen AS (
-    UPDATE fleet_gpu AS g
-    SET first_seen_at = LEAST(g.first_seen_at, p.first_start),
-        last_seen_at = GREATEST(g.last_seen_at, LEAST(p.last_end, %s))
-    FROM per_gpu AS p WHERE g.id = p.gpu_id
-)
+{_SEEN_FROM_INSERTED})
 SELECT date_trunc('hour', start, 'UTC'), count(*) FROM inserted GROUP BY 1
 """  # noqa: S608 - table and column names are constants of this module
 
@@ -152,20 +157,10 @@ WITH v ({_COLS}) AS (VALUES {{values}}
     SELECT {_COLS} FROM v WHERE (SELECT ok FROM ok)
     ON CONFLICT (gpu_id, start) DO NOTHING
     RETURNING gpu_id, start, seconds
-), per_gpu AS (
-    SELECT gpu_id, min(start) AS first_start,
-           max(start + seconds * interval '1 second') AS last_end
-    FROM inserted GROUP BY gpu_id
-), seen AS (
-    UPDATE fleet_gpu AS g
-    SET first_seen_at = LEAST(g.first_seen_at, p.first_start),
-        last_seen_at = GREATEST(g.last_seen_at, LEAST(p.last_end, %s::timestamptz))
-    FROM per_gpu AS p WHERE g.id = p.gpu_id
-), marked AS (
-    INSERT INTO telemetry_rolluppending (hour, version, marked_at)
+{_SEEN_FROM_INSERTED}), marked AS (
+    {MARK_INSERT}
     SELECT DISTINCT date_trunc('hour', start, 'UTC'), 1, %s::timestamptz FROM inserted
-    ON CONFLICT (hour) DO UPDATE SET version = telemetry_rolluppending.version + 1,
-        marked_at = excluded.marked_at
+    {MARK_CONFLICT}
 ){{node}}
 SELECT (SELECT ok FROM ok), (SELECT count(*) FROM inserted)
 """  # noqa: S608 - table and column names are constants of this module

@@ -8,6 +8,15 @@ from collections.abc import Iterable
 from django.db import connection
 from django.utils import timezone
 
+# The mark itself: insert the hour, or bump its version if it is marked already. The version
+# bump is what lets a running rollup tell that an hour was marked again while it was computing
+# (it then leaves the mark in place). Ingest's one-statement path embeds the same upsert.
+MARK_INSERT = "INSERT INTO telemetry_rolluppending (hour, version, marked_at)"
+MARK_CONFLICT = (
+    "ON CONFLICT (hour) DO UPDATE SET version = telemetry_rolluppending.version + 1,"
+    " marked_at = excluded.marked_at"
+)
+
 
 def hours_mark_sql(
     hours: Iterable[dt.datetime], now: dt.datetime | None = None
@@ -24,15 +33,8 @@ def hours_mark_sql(
     params: list[dt.datetime | int] = []
     for hour in unique:
         params += [hour, now]
-    # One upsert for the batch; the version bump is what lets a running rollup tell that an
-    # hour was marked again while it was computing (it then leaves the mark in place).
-    sql = (
-        "INSERT INTO telemetry_rolluppending (hour, version, marked_at) VALUES "  # noqa: S608
-        + placeholders
-        + " ON CONFLICT (hour) DO UPDATE SET version = telemetry_rolluppending.version + 1,"
-        " marked_at = excluded.marked_at"
-    )
-    return sql, params
+    # One upsert for the whole batch.
+    return f"{MARK_INSERT} VALUES {placeholders} {MARK_CONFLICT}", params
 
 
 def hours_mark(hours: Iterable[dt.datetime]) -> None:
