@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
@@ -31,11 +35,14 @@ def _bearer(request: Request) -> str | None:
         raise exceptions.AuthenticationFailed("invalid token") from exc
 
 
-def _touch(token: NodeToken | ApiToken) -> None:
+def _touch(token: NodeToken | ApiToken) -> bool:
+    """Note the token's use (at most once a minute); returns whether it wrote."""
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
         type(token).objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
+        return True
+    return False
 
 
 class NodePrincipal:
@@ -46,9 +53,12 @@ class NodePrincipal:
     is_staff = False
     is_superuser = False
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, *, token_checked: bool = True) -> None:
         self.node = node
         self.pk = None
+        # False when the token came from this process's cache: whoever writes for the node
+        # checks that it is still not revoked (telemetry.ingest does, within its write).
+        self.token_checked = token_checked
 
     def has_perm(self, perm: str, obj: Any = None) -> bool:
         return False
@@ -78,25 +88,89 @@ def _node_token_sql() -> tuple[str, list[str]]:
 
 _node_token_query: tuple[str, list[str]] | None = None
 
+# Node tokens, cached per process for NODE_TOKEN_CACHE_TTL_S (longer than an agent's push
+# interval, so a steady agent is always a hit): the lookup was a round trip of every push. The
+# cache only saves the read: the secret is checked against the cached hash on every request, a
+# write made for the node checks in the database that the token is still not revoked
+# (NodePrincipal.token_checked), what this process writes to the node row is written to the
+# cached row too (node_token_cache_note), and saving or deleting a token or a node through the
+# ORM clears the cache of this process.
+NODE_TOKEN_CACHE_TTL_S = 300.0
+_node_tokens: dict[str, tuple[float, tuple[Any, ...]]] = {}
+_node_tokens_lock = threading.Lock()
+
+
+def node_token_cache_clear(prefix: str | None = None) -> None:
+    """Forget the cached node token ``prefix`` (every cached token when None)."""
+    with _node_tokens_lock:
+        if prefix is None:
+            _node_tokens.clear()
+        else:
+            _node_tokens.pop(prefix, None)
+
+
+def node_token_cache_note(prefix: str, node_changes: dict[str, Any]) -> None:
+    """Bring the cached row of ``prefix`` up to date with what was written to its node
+    (attribute name → new value); a row not cached is left alone."""
+    assert _node_token_query is not None or not _node_tokens
+    with _node_tokens_lock:
+        entry = _node_tokens.get(prefix)
+        if entry is None or _node_token_query is None:
+            return
+        row = list(entry[1])
+        names = _node_token_query[1]
+        for name, value in node_changes.items():
+            row[4 + names.index(name)] = value
+        _node_tokens[prefix] = (entry[0], tuple(row))
+
+
+def _token_used_note(prefix: str, used_at: Any) -> None:
+    with _node_tokens_lock:
+        entry = _node_tokens.get(prefix)
+        if entry is not None:
+            row = entry[1]
+            _node_tokens[prefix] = (entry[0], (row[0], row[1], used_at, *row[3:]))
+
+
+@receiver(post_save, sender=NodeToken, dispatch_uid="fleet.authentication.token_saved")
+@receiver(post_delete, sender=NodeToken, dispatch_uid="fleet.authentication.token_deleted")
+@receiver(post_save, sender=Node, dispatch_uid="fleet.authentication.node_saved")
+@receiver(post_delete, sender=Node, dispatch_uid="fleet.authentication.node_deleted")
+def _node_token_changed(**kwargs: Any) -> None:
+    node_token_cache_clear()
+
+
+def _node_token_row(prefix: str) -> tuple[tuple[Any, ...] | None, bool]:
+    """The lookup row of a live token ``prefix`` → (row or None, whether read just now)."""
+    global _node_token_query
+    with _node_tokens_lock:
+        entry = _node_tokens.get(prefix)
+    if entry is not None and entry[0] > time.monotonic():
+        return entry[1], False
+    if _node_token_query is None:
+        _node_token_query = _node_token_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(_node_token_query[0], [prefix])
+        row = cursor.fetchone()
+    if row is not None:
+        with _node_tokens_lock:
+            _node_tokens[prefix] = (time.monotonic() + NODE_TOKEN_CACHE_TTL_S, tuple(row))
+    return row, True
+
 
 class NodeTokenAuthentication(BaseAuthentication):
     def authenticate(self, request: Request) -> tuple[NodePrincipal, NodeToken] | None:
-        global _node_token_query
         raw = _bearer(request)
         if raw is None:
             return None
         prefix = token_prefix(raw)
         if prefix is None or not prefix.startswith(NODE_KIND + "_"):
             raise exceptions.AuthenticationFailed("invalid node token")
-        if _node_token_query is None:
-            _node_token_query = _node_token_sql()
-        sql, node_fields = _node_token_query
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [prefix])
-            row = cursor.fetchone()
+        row, checked = _node_token_row(prefix)
         if row is None or not token_matches(raw, row[1]):
             raise exceptions.AuthenticationFailed("invalid or revoked node token")
-        node = Node.from_db(connection.alias, node_fields, list(row[4:]))
+        assert _node_token_query is not None  # set by _node_token_row
+        node = Node.from_db(connection.alias, _node_token_query[1], list(row[4:]))
         token = NodeToken(
             id=row[0],
             prefix=prefix,
@@ -117,8 +191,9 @@ class NodeTokenAuthentication(BaseAuthentication):
                     setattr(node, f.attname, convert(value, None, connection))
         token._state.adding = False
         token._state.db = connection.alias
-        _touch(token)
-        return NodePrincipal(node), token
+        if _touch(token):
+            _token_used_note(prefix, token.last_used_at)
+        return NodePrincipal(node, token_checked=checked), token
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="ingest"'

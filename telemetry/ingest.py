@@ -18,6 +18,7 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -25,7 +26,6 @@ import msgspec
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
-from django.db.models.expressions import CombinedExpression
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
@@ -166,6 +166,8 @@ class IngestResult:
     accepted: int = 0
     duplicates: int = 0
     rejected: list[Rejected] = field(default_factory=list)
+    # What was written to the node row (attribute → value; not part of the answer).
+    node_written: dict[str, Any] = field(default_factory=dict)
 
     @property
     def status(self) -> int:
@@ -329,7 +331,7 @@ def _gpus_load(uuids: set[str]) -> dict[str, GpuRef]:
 #   the database before answering;
 # - a GPU saved or deleted through the ORM clears the cache of this process, and ingest's own
 #   registrations and updates clear it for the node.
-GPU_CACHE_TTL_S = 30.0
+GPU_CACHE_TTL_S = 300.0  # longer than an agent's push interval: a steady node is a hit
 _gpu_cache: dict[int, tuple[float, dict[str, GpuRef]]] = {}
 _gpu_cache_lock = threading.Lock()
 
@@ -402,7 +404,12 @@ def _ref_copy(ref: GpuRef) -> GpuRef:
 
 
 def gpus_register(
-    *, node: Node, block: list[GpuIn], known: dict[str, GpuRef], now: dt.datetime
+    *,
+    node: Node,
+    block: list[GpuIn],
+    known: dict[str, GpuRef],
+    now: dt.datetime,
+    before_write: Callable[[], None] | None = None,
 ) -> bool:
     """Register the node's new GPUs, refresh what changed of its own, note lost ones.
 
@@ -413,6 +420,8 @@ def gpus_register(
     wrote = False
     new = [g for g in block if g.uuid not in known]
     if new:
+        if before_write is not None:
+            before_write()
         objs = []
         for g in {g.uuid: g for g in new}.values():
             model = gpu_model_for_name(g.name) if g.name else None
@@ -453,6 +462,8 @@ def gpus_register(
         if g.is_lost:
             changes["lost_at"] = now
         if changes:
+            if before_write is not None:
+                before_write()
             # node_id: the map may come from the cache, and a GPU moved away since stays as is.
             Gpu.objects.filter(pk=ref.id, node_id=node.pk).update(**changes)
             wrote = True
@@ -573,25 +584,38 @@ def samples_validate(
 
 
 # --- the service -------------------------------------------------------------------------------
-def _node_changes(*, node: Node, meta: NodeIn, now: dt.datetime) -> dict[str, Any]:
-    """What the agent said about itself that the node row lacks; often nothing.
+def _node_changes(*, node: Node, meta: NodeIn, now: dt.datetime) -> ingest_store.NodeUpdate | None:
+    """What the agent said about itself that the node row lacks; often nothing (None).
 
     Reads ``node`` as authentication loaded it and never changes it in memory, so a
     transaction that rolls back and runs again writes the same changes.
     """
-    changes: dict[str, Any] = {}
-    if meta.hostname and meta.hostname != node.reported_hostname:
-        changes["reported_hostname"] = meta.hostname
-    if meta.agent_version and meta.agent_version != node.agent_version:
-        changes["agent_version"] = meta.agent_version
-    if meta.driver_version and meta.driver_version != node.driver_version:
-        changes["driver_version"] = meta.driver_version
-    if changes or node.last_seen_at is None or now - node.last_seen_at >= NODE_SEEN_RESOLUTION:
-        changes["last_seen_at"] = now
-    if meta.dropped:
+    hostname = meta.hostname if meta.hostname != node.reported_hostname else ""
+    agent = meta.agent_version if meta.agent_version != node.agent_version else ""
+    driver = meta.driver_version if meta.driver_version != node.driver_version else ""
+    changed = bool(hostname or agent or driver)
+    seen = None
+    if changed or node.last_seen_at is None or now - node.last_seen_at >= NODE_SEEN_RESOLUTION:
+        seen = now
+    if not changed and seen is None and not meta.dropped:
+        return None
+    return ingest_store.NodeUpdate(
+        node_id=node.pk,
+        reported_hostname=hostname or None,
+        agent_version=agent or None,
+        driver_version=driver or None,
+        last_seen_at=seen,
+        spool_dropped=meta.dropped,
+    )
+
+
+def _node_update_apply(update: ingest_store.NodeUpdate) -> None:
+    """``update`` through the ORM (the multi-statement path; the one statement embeds it)."""
+    changes: dict[str, Any] = update.written()
+    if update.spool_dropped:
         # F(): two pushes of one node at once must both count.
-        changes["spool_dropped_total"] = F("spool_dropped_total") + meta.dropped
-    return changes
+        changes["spool_dropped_total"] = F("spool_dropped_total") + update.spool_dropped
+    Node.objects.filter(pk=update.node_id).update(**changes)
 
 
 def sample_batch_ingest(
@@ -599,9 +623,17 @@ def sample_batch_ingest(
     node: Node,
     payload_bytes: bytes,
     now: dt.datetime,
+    token_id: int | None = None,
+    token_checked: bool = True,
     counters: dict[str, int] | None = None,
 ) -> IngestResult:
     """Validate one push of ``node`` and store its valid samples; duplicates change nothing.
+
+    ``token_id`` is the node token the push came with (None: a caller that needs none, such
+    as the demo's history); ``token_checked`` False says that authentication took it from a
+    cache, so it is checked against the database before anything is written (within the
+    write statement itself on the one-statement path), and :class:`ingest_store.TokenRevoked`
+    raised if it was revoked since.
 
     Raises :class:`IngestError` for a push that is refused as a whole. Database errors
     propagate (the API answers 503, the agent retries the push later). The sample counters
@@ -627,11 +659,14 @@ def sample_batch_ingest(
                 samples.append(Rejected(i, name, error))
     uuids = {s.gpu for s in samples if type(s) is SampleIn}
     uuids.update(g.uuid for g in push.gpus)
-    node_changes = _node_changes(node=node, meta=push.node, now=now)
+    node_update = _node_changes(node=node, meta=push.node, now=now)
+    token = _TokenCheck(token_id, checked=token_checked)
     use_cache = True
     while True:
         gpus, cached = _gpus_for(node.pk, uuids, use_cache=use_cache) if uuids else ({}, False)
-        if push.gpus and gpus_register(node=node, block=push.gpus, known=gpus, now=now):
+        if push.gpus and gpus_register(
+            node=node, block=push.gpus, known=gpus, now=now, before_write=token.confirm
+        ):
             if cached:  # read the GPUs again, with what it registered or changed
                 use_cache = False
                 continue
@@ -641,7 +676,7 @@ def sample_batch_ingest(
             continue
         verify = {ref.id: (ref.node_id, ref.memory_total_bytes) for ref in gpus.values()}
         try:
-            stored = _store(rows, node, node_changes, now, verify if cached else None)
+            stored = _store(rows, node_update, now, verify if cached else None, token)
         except (ingest_store.StaleGpus, ingest_store.DuplicateSamples):
             # Stale: the cache was wrong. Duplicates: the slower path that skips them cannot
             # check the cache's word, so it runs on a map read from the database.
@@ -650,6 +685,8 @@ def sample_batch_ingest(
             continue
         break
     result = IngestResult(rejected=rejected)
+    if node_update is not None:
+        result.node_written = node_update.written()
     result.accepted = stored
     result.duplicates = len(rows) - stored
     values = {
@@ -665,59 +702,56 @@ def sample_batch_ingest(
     return result
 
 
-_NODE_COLUMNS = {f.name: str(f.column) for f in Node._meta.concrete_fields}
+class _TokenCheck:
+    """The push's node token, checked against the database at most once (when not yet)."""
 
+    def __init__(self, token_id: int | None, *, checked: bool) -> None:
+        self.id = token_id
+        self.checked = checked or token_id is None
 
-def _node_update_sql(node: Node, changes: dict[str, Any]) -> tuple[int, str, list[Any]] | None:
-    """``changes`` (from :func:`_node_changes`) as (node id, SQL ``SET`` list, params)."""
-    if not changes:
-        return None
-    sets: list[str] = []
-    params: list[Any] = []
-    for name, value in changes.items():
-        column = connection.ops.quote_name(_NODE_COLUMNS[name])
-        if isinstance(value, CombinedExpression):  # F(name) + n: concurrent pushes both count
-            sets.append(f"{column} = {column} + %s")
-            params.append(getattr(value.rhs, "value"))  # noqa: B009 - Value(n)
-        else:
-            sets.append(f"{column} = %s")
-            params.append(value)
-    return node.pk, ", ".join(sets), params
+    def confirm(self) -> None:
+        if not self.checked:
+            assert self.id is not None
+            if not ingest_store.token_valid(self.id):
+                raise ingest_store.TokenRevoked("the node token was revoked")
+            self.checked = True
 
 
 def _store(
     rows: list[tuple[Any, ...]],
-    node: Node,
-    node_changes: dict[str, Any],
+    node_update: ingest_store.NodeUpdate | None,
     now: dt.datetime,
     verify: dict[int, tuple[int, int | None]] | None,
+    token: _TokenCheck,
 ) -> int:
     """One transaction: samples, first/last seen, the hours to roll up and the node's metadata.
 
     First the fast path that assumes no duplicates; a duplicate rolls it back entirely and the
     batch goes again through the path that skips and counts them (ingest_store). A push with
-    nothing to write opens no transaction.
+    nothing to write opens no transaction (but a token from the cache is still checked).
     """
-    if not rows and not node_changes:
+    if not rows and node_update is None:
+        token.confirm()
         return 0
     if ingest_store.one_statement(rows):
         # One round trip, no explicit transaction: samples, first/last seen, hour marks and the
-        # node row in one statement.
-        return ingest_store.samples_store(
-            rows=rows, now=now, verify=verify, node_update=_node_update_sql(node, node_changes)
+        # node row in one statement, which also checks the token.
+        return ingest_store.samples_store_one_statement(
+            rows=rows, now=now, token_id=token.id, verify=verify, node_update=node_update
         )
     try:
         with transaction.atomic():
+            token.confirm()
             stored = ingest_store.samples_store(
                 rows=rows, now=now, skip_duplicates=False, verify=verify
             )
-            if node_changes:
-                Node.objects.filter(pk=node.pk).update(**node_changes)
+            if node_update is not None:
+                _node_update_apply(node_update)
     except ingest_store.DuplicateSamples:
         if verify is not None:
             raise  # validated on the cache's word: the caller reads the GPUs again first
         with transaction.atomic():
             stored = ingest_store.samples_store(rows=rows, now=now, skip_duplicates=True)
-            if node_changes:
-                Node.objects.filter(pk=node.pk).update(**node_changes)
+            if node_update is not None:
+                _node_update_apply(node_update)
     return stored

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import datetime as dt
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+import psycopg
 from django.db import IntegrityError, connection
 from django.db.models import DateTimeField, Value
 from django.db.models.functions import Coalesce, Greatest, Least
@@ -78,19 +82,33 @@ COPY_TYPES = (
 STAGE_TABLE = "telemetry_ingest_stage"
 _COLS = ", ".join(COLUMNS)
 
+# A GPU's last seen is kept to this resolution: it moves when a sample ends at least this long
+# after it (its first seen always moves to an earlier sample). Writing it on every push would
+# make every push of an 8-GPU node rewrite eight ``fleet_gpu`` rows, the costliest part of a
+# small push (docs/ingest.md); five minutes is well inside the 15 minutes after which the
+# dashboard counts a GPU offline.
+GPU_SEEN_RESOLUTION_S = 300
+# Which GPU rows need the move (``g``: the GPU; ``p``: first_start, last_end of new samples).
+_SEEN_DUE = (
+    "(g.first_seen_at IS NULL OR g.last_seen_at IS NULL OR p.first_start < g.first_seen_at"
+    f" OR p.last_end >= g.last_seen_at + interval '{GPU_SEEN_RESOLUTION_S} seconds')"
+)
+_SEEN_SET = (
+    "first_seen_at = LEAST(g.first_seen_at, p.first_start),"
+    " last_seen_at = GREATEST(g.last_seen_at, p.last_end)"
+)
+
 # Shared by both merge statements: each GPU's first/last seen moves from the rows really
 # inserted (``inserted``: gpu_id, start, seconds). LEAST/GREATEST ignore NULLs, so a GPU's
 # first sample sets both; the last end never passes the server's clock (the one parameter).
-_SEEN_FROM_INSERTED = """), per_gpu AS (
+_SEEN_FROM_INSERTED = f"""), per_gpu AS (
     SELECT gpu_id, min(start) AS first_start,
-           max(start + seconds * interval '1 second') AS last_end
+           LEAST(max(start + seconds * interval '1 second'), %s::timestamptz) AS last_end
     FROM inserted GROUP BY gpu_id
 ), seen AS (
-    UPDATE fleet_gpu AS g
-    SET first_seen_at = LEAST(g.first_seen_at, p.first_start),
-        last_seen_at = GREATEST(g.last_seen_at, LEAST(p.last_end, %s::timestamptz))
-    FROM per_gpu AS p WHERE g.id = p.gpu_id
-"""
+    UPDATE fleet_gpu AS g SET {_SEEN_SET}
+    FROM per_gpu AS p WHERE g.id = p.gpu_id AND {_SEEN_DUE}
+"""  # noqa: S608 - constants of this module
 
 # A session-private staging table: COPY cannot skip duplicates, INSERT … SELECT … ON CONFLICT
 # can. ON COMMIT DELETE ROWS resets its storage at every commit; the DELETE … RETURNING below
@@ -122,22 +140,20 @@ _staged_sessions: weakref.WeakSet[Any] = weakref.WeakSet()
 
 # After the direct COPY, one statement: the GPUs' first/last seen and the hour marks (a
 # data-modifying CTE, so a push costs one round trip here, not two). When the caller validated
-# against a cached view of the GPUs (``verify``), the UPDATE only touches rows that still match
-# it (owner and total memory) and the count tells the caller whether its view was stale: the
-# row locks taken here make that check hold until the commit.
-_GPU_SEEN = """
-WITH v(id, first_start, last_end, node_id, mem, checked) AS (VALUES {values}
+# against a cached view of the GPUs (``verify``), the count of GPUs that still match it (owner
+# and total memory) tells the caller whether its view was stale; it then rolls back.
+_GPU_SEEN = f"""
+WITH p(id, first_start, last_end, node_id, mem, checked) AS (VALUES {{values}}
+), matching AS (
+    SELECT count(*) AS n FROM fleet_gpu AS g JOIN p ON g.id = p.id
+    WHERE NOT p.checked OR (
+        g.node_id = p.node_id AND g.memory_total_bytes IS NOT DISTINCT FROM p.mem)
 ), seen AS (
-    UPDATE fleet_gpu AS g
-    SET first_seen_at = LEAST(g.first_seen_at, v.first_start),
-        last_seen_at = GREATEST(g.last_seen_at, v.last_end)
-    FROM v
-    WHERE g.id = v.id AND (NOT v.checked OR (
-        g.node_id = v.node_id AND g.memory_total_bytes IS NOT DISTINCT FROM v.mem))
-    RETURNING g.id
-){marked}
-SELECT count(*) FROM seen
-"""
+    UPDATE fleet_gpu AS g SET {_SEEN_SET}
+    FROM p WHERE g.id = p.id AND {_SEEN_DUE}
+){{marked}}
+SELECT n FROM matching
+"""  # noqa: S608 - constants of this module
 _SEEN_VALUE = "(%s::bigint, %s::timestamptz, %s::timestamptz, %s::bigint, %s::bigint, %s::boolean)"
 _DIRECT_COPY = f"COPY telemetry_sample ({_COLS}) FROM STDIN (FORMAT BINARY)"
 
@@ -147,30 +163,59 @@ _DIRECT_COPY = f"COPY telemetry_sample ({_COLS}) FROM STDIN (FORMAT BINARY)"
 # and COMMIT. INSERT … ON CONFLICT checks row by row, which costs more than COPY's batched
 # insert from a few hundred rows on (bench/ingest.py), hence the bound.
 ONE_STATEMENT_MAX_ROWS = 64
-_ROW_CASTS = "(" + ", ".join(f"%s::{t}" for t in COPY_TYPES) + ")"
+# Its text never changes (the rows travel as one JSON parameter, the checks as arrays), so it is
+# parsed and planned once per connection and then runs as a prepared statement: planning this
+# statement cost more than running it, and psycopg does not cache the parsing of long texts.
+_ROWS_TYPES = ", ".join(f"{c} {t}" for c, t in zip(COLUMNS, COPY_TYPES, strict=True))
 _ONE_STATEMENT = f"""
-WITH v ({_COLS}) AS (VALUES {{values}}
+WITH v AS (
+    SELECT * FROM json_to_recordset(%s::json) AS r({_ROWS_TYPES})
 ), ok AS (
-    {{ok}}
+    SELECT (
+        SELECT count(*) FROM fleet_gpu AS g
+        JOIN unnest(%s::int8[], %s::int8[], %s::int8[]) AS c(id, node_id, mem)
+        ON g.id = c.id AND g.node_id = c.node_id
+        AND g.memory_total_bytes IS NOT DISTINCT FROM c.mem
+    ) = %s AS gpus,
+    (%s::int8 IS NULL OR EXISTS (
+        SELECT 1 FROM fleet_nodetoken WHERE id = %s AND revoked_at IS NULL)) AS token
 ), inserted AS (
     INSERT INTO telemetry_sample ({_COLS})
-    SELECT {_COLS} FROM v WHERE (SELECT ok FROM ok)
+    SELECT {_COLS} FROM v WHERE (SELECT gpus AND token FROM ok)
     ON CONFLICT (gpu_id, start) DO NOTHING
     RETURNING gpu_id, start, seconds
 {_SEEN_FROM_INSERTED}), marked AS (
     {MARK_INSERT}
     SELECT DISTINCT date_trunc('hour', start, 'UTC'), 1, %s::timestamptz FROM inserted
     {MARK_CONFLICT}
-){{node}}
-SELECT (SELECT ok FROM ok), (SELECT count(*) FROM inserted)
-"""  # noqa: S608 - table and column names are constants of this module
-# Every GPU the caller validated against a cached map must still have that owner and memory.
-_OK_VERIFIED = (
-    "SELECT count(*) = %s AS ok FROM fleet_gpu AS g JOIN (VALUES {checks}) AS c(id, node_id, mem)"
-    " ON g.id = c.id AND g.node_id = c.node_id"
-    " AND g.memory_total_bytes IS NOT DISTINCT FROM c.mem"
+), node AS (
+    UPDATE fleet_node SET
+        reported_hostname = COALESCE(%s, reported_hostname),
+        agent_version = COALESCE(%s, agent_version),
+        driver_version = COALESCE(%s, driver_version),
+        last_seen_at = COALESCE(%s, last_seen_at),
+        spool_dropped_total = spool_dropped_total + %s
+    WHERE id = %s AND %s AND (SELECT gpus AND token FROM ok)
 )
-_OK_CHECK = "(%s::bigint, %s::bigint, %s::bigint)"
+SELECT gpus, token, (SELECT count(*) FROM inserted) FROM ok
+"""  # noqa: S608 - table and column names are constants of this module
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUpdate:
+    """What a push changes on its node row (None: leave as is); see ingest._node_changes."""
+
+    node_id: int
+    reported_hostname: str | None = None
+    agent_version: str | None = None
+    driver_version: str | None = None
+    last_seen_at: dt.datetime | None = None
+    spool_dropped: int = 0
+
+    def written(self) -> dict[str, Any]:
+        """The node attributes this sets (not the dropped count, which it adds to)."""
+        names = ("reported_hostname", "agent_version", "driver_version", "last_seen_at")
+        return {n: v for n in names if (v := getattr(self, n)) is not None}
 
 
 def one_statement(rows: Sequence[tuple[Any, ...]]) -> bool:
@@ -182,43 +227,94 @@ def samples_store_one_statement(
     *,
     rows: Sequence[tuple[Any, ...]],
     now: dt.datetime,
+    token_id: int | None,
     verify: Mapping[int, tuple[int, int | None]] | None = None,
-    node_update: tuple[int, str, list[Any]] | None = None,
+    node_update: NodeUpdate | None = None,
 ) -> int:
     """PostgreSQL, a small batch: store ``rows`` in one statement; returns how many were new.
 
     Needs no transaction of its own (autocommit makes the statement one): the new samples,
     the GPUs' first/last seen from the rows really inserted (duplicates change nothing and are
     counted), the hour marks (:func:`telemetry.pending.hours_mark`'s upsert) and
-    ``node_update`` ((node id, ``SET`` list, its params), for the node's metadata) commit
-    together. With ``verify`` and a GPU that no longer matches, nothing is written and
-    :class:`StaleGpus` is raised.
+    ``node_update`` commit together, and only while the node token ``token_id`` (unless None)
+    is not revoked (:class:`TokenRevoked` otherwise: authentication may come from a cache). With
+    ``verify`` and a GPU that no longer matches, nothing is written and :class:`StaleGpus` is
+    raised.
     """
-    params: list[Any] = []
-    for row in rows:
-        params += row
-    if verify:
-        checks = sorted({row[0] for row in rows})
-        ok = _OK_VERIFIED.format(checks=", ".join([_OK_CHECK] * len(checks)))
-        params.append(len(checks))
-        for gpu_id in checks:
-            expected = verify.get(gpu_id)
-            params += [gpu_id, *(expected if expected is not None else (None, None))]
-    else:
-        ok = "SELECT true AS ok"
-    params += [now, now]
-    node = ""
-    if node_update is not None:
-        node_id, sets, set_params = node_update
-        node = f", node AS (UPDATE fleet_node SET {sets} WHERE id = %s AND (SELECT ok FROM ok))"  # noqa: S608, E501
-        params += [*set_params, node_id]
-    sql = _ONE_STATEMENT.format(values=", ".join([_ROW_CASTS] * len(rows)), ok=ok, node=node)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        valid, stored = cursor.fetchone()
-    if not valid:
+    checks = sorted({row[0] for row in rows}) if verify else []
+    owners: list[int | None] = []
+    mems: list[int | None] = []
+    for gpu_id in checks:
+        owner, mem = verify.get(gpu_id, (None, None)) if verify else (None, None)
+        owners.append(owner)
+        mems.append(mem)
+    node = node_update or NodeUpdate(node_id=0)
+    params: list[Any] = [
+        msgspec.json.encode([dict(zip(COLUMNS, row, strict=True)) for row in rows]).decode(),
+        checks,
+        owners,
+        mems,
+        len(checks),
+        token_id,
+        token_id,
+        now,
+        now,
+        node.reported_hostname,
+        node.agent_version,
+        node.driver_version,
+        node.last_seen_at,
+        node.spool_dropped,
+        node.node_id,
+        node_update is not None,
+    ]
+    with prepared_cursor() as cursor:
+        cursor.execute(_ONE_STATEMENT, params)
+        gpus_ok, token_ok, stored = cursor.fetchone()
+    if not token_ok:
+        raise TokenRevoked("the node token was revoked")
+    if not gpus_ok:
         raise StaleGpus("a GPU changed since it was read")
     return int(stored)
+
+
+class _PreparedCursor(psycopg.Cursor[Any]):
+    """Server-side binding, and every statement prepared (Django's cursors bind client-side)."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        kwargs["prepare"] = True
+        return super().execute(query, params, **kwargs)
+
+
+@contextmanager
+def prepared_cursor() -> Iterator[Any]:
+    """A Django cursor (query logging, execute wrappers, error translation) whose statements
+    are prepared once per connection: for statements of constant text run on every push."""
+    with connection.cursor() as wrapper:
+        raw = connection.connection
+        if raw.prepare_threshold is None:
+            # Django turns psycopg's automatic preparing off (None), which also makes it ignore
+            # prepare=True; a threshold nothing reaches turns explicit preparing back on only.
+            raw.prepare_threshold = _NEVER
+        plain = wrapper.cursor
+        wrapper.cursor = _PreparedCursor(raw)
+        plain.close()
+        yield wrapper
+
+
+_NEVER = 2**31 - 1
+
+
+class TokenRevoked(Exception):
+    """The node token was revoked after the (cached) authentication of this push."""
+
+
+def token_valid(token_id: int) -> bool:
+    """Whether node token ``token_id`` still exists and is not revoked."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM fleet_nodetoken WHERE id = %s AND revoked_at IS NULL", [token_id]
+        )
+        return cursor.fetchone() is not None
 
 
 class DuplicateSamples(Exception):
@@ -243,14 +339,10 @@ def samples_store(
     now: dt.datetime,
     skip_duplicates: bool = True,
     verify: Mapping[int, tuple[int, int | None]] | None = None,
-    node_update: tuple[int, str, list[Any]] | None = None,
 ) -> int:
     """Insert ``rows``; returns how many were new (the rest were duplicates).
 
-    When :func:`one_statement` says so (PostgreSQL, a small batch) the rows go in through
-    :func:`samples_store_one_statement`, which needs no transaction around it, handles
-    duplicates itself and also applies ``node_update``; ``node_update`` is only for that path.
-
+    (Where :func:`one_statement` says so, callers use :func:`samples_store_one_statement`.)
     Call inside ``transaction.atomic()``: the samples, the GPUs' first/last seen and the
     pending hours must commit together. With ``skip_duplicates=False`` (PostgreSQL's fast
     path) a duplicate raises :class:`DuplicateSamples`; roll back and call again with True.
@@ -260,11 +352,6 @@ def samples_store(
     """
     if not rows:
         return 0
-    if one_statement(rows):
-        return samples_store_one_statement(
-            rows=rows, now=now, verify=verify, node_update=node_update
-        )
-    assert node_update is None, "node_update needs the one-statement path"
     if connection.vendor != "postgresql":
         return _store_generic(rows, now)
     if skip_duplicates:

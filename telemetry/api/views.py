@@ -17,6 +17,7 @@ from django.core.cache import cache, caches
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -25,9 +26,16 @@ from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from config.metrics import counters_incr, redis_client
-from fleet.authentication import NodePrincipal, NodeTokenAuthentication
+from fleet.authentication import (
+    NodePrincipal,
+    NodeTokenAuthentication,
+    node_token_cache_clear,
+    node_token_cache_note,
+)
+from fleet.models import NodeToken
 from fleet.permissions import IsNode
 from telemetry.ingest import IngestError, sample_batch_ingest
+from telemetry.ingest_store import TokenRevoked
 
 logger = logging.getLogger(__name__)
 _cache_warned_at = 0.0
@@ -165,15 +173,25 @@ class IngestView(APIView):
             payload = _body_read(request)
             if isinstance(payload, Response):
                 return payload
+            token = request.auth
+            assert isinstance(token, NodeToken)
             try:
                 result = sample_batch_ingest(
                     node=request.user.node,
+                    token_id=token.pk,
+                    token_checked=request.user.token_checked,
                     payload_bytes=payload,
                     now=timezone.now(),
                     counters=counters,
                 )
             except IngestError as exc:
                 return Response(exc.body(), status=exc.status)
+            except TokenRevoked:
+                # Revoked after this process cached it: refuse as authentication would have.
+                node_token_cache_clear(token.prefix)
+                raise exceptions.AuthenticationFailed("invalid or revoked node token") from None
+            if result.node_written:
+                node_token_cache_note(token.prefix, result.node_written)
             return Response(result.body(), status=result.status)
         finally:
             counters_incr(counters)

@@ -278,6 +278,38 @@ def test_wrong_or_revoked_token_is_401(agent: Any, client: Any, base: Any) -> No
     assert stored() == 0 and not Gpu.objects.exists()
 
 
+@pytest.mark.parametrize("path", ["one statement", "copy", "empty push", "new GPU only"])
+def test_token_revoked_while_cached_is_401(agent: Any, base: Any, postgres: Any, path: str) -> None:
+    """Authentication caches the token per process; a revocation made elsewhere (no signal
+    here: token_revoke updates in SQL) still refuses the next push on every write path."""
+    from unittest import mock
+
+    from fleet.authentication import _node_tokens
+
+    a = agent()
+    assert a.post(push([sample("GPU-v", base)], [gpu_block("GPU-v")])).status_code == 200
+    assert a.post(push([sample("GPU-v", base + dt.timedelta(minutes=1))])).status_code == 200
+    prefix = "_".join(a.token.split("_")[:2])
+    assert prefix in _node_tokens  # the next push authenticates from the cache
+    before = (stored(), Gpu.objects.count(), Node.objects.get(pk=a.node.pk).spool_dropped_total)
+    token_revoke(prefix=prefix)
+    later = [sample("GPU-v", base + dt.timedelta(minutes=m)) for m in (5, 6)]
+    bodies = {
+        "one statement": push(later, spool_dropped=2),
+        "copy": push(later, spool_dropped=2),
+        "empty push": push([]),
+        "new GPU only": push([], [gpu_block("GPU-v2", 1)]),
+    }
+    with mock.patch("telemetry.ingest_store.ONE_STATEMENT_MAX_ROWS", 0 if path == "copy" else 64):
+        r = a.post(bodies[path])
+    assert r.status_code == 401 and "revoked" in r.json()["detail"]
+    assert r["WWW-Authenticate"] == 'Bearer realm="ingest"'
+    after = (stored(), Gpu.objects.count(), Node.objects.get(pk=a.node.pk).spool_dropped_total)
+    assert after == before
+    assert prefix not in _node_tokens
+    assert a.post(bodies[path]).status_code == 401  # and from the database from now on
+
+
 # --- bad input (DESIGN.md §5) ------------------------------------------------------------------
 BAD_SAMPLES: list[tuple[str, dict[str, Any], str]] = [
     ("util over 100", {"util_pct": 100.5}, "util_pct"),
@@ -546,22 +578,49 @@ def test_metrics_counted(agent: Any, base: Any) -> None:
     }
 
 
-def test_small_push_is_two_queries(
+def test_small_push_is_one_statement(
     agent: Any, base: Any, postgres: Any, django_assert_num_queries: Any
 ) -> None:
-    """A steady small push: the token query, then one statement (samples, first/last seen,
-    hour marks and the node row) in autocommit: no BEGIN, COPY or COMMIT."""
+    """A steady small push: the token and the GPUs come from this process's caches, then one
+    statement (samples, first/last seen, hour marks, the node row and the token's revocation
+    check) in autocommit: no BEGIN, COPY or COMMIT."""
     a = agent()
     a.post(push([sample("GPU-s0", base)], [gpu_block(f"GPU-s{i}", i) for i in range(8)]))
     a.post(push([sample("GPU-s1", base)]))  # registering cleared the GPU map: refill it
     batch = [sample(f"GPU-s{i}", base + dt.timedelta(minutes=1)) for i in range(8)]
-    with django_assert_num_queries(2):
+    with django_assert_num_queries(1):
         r = a.post(push(batch, [gpu_block(f"GPU-s{i}", i) for i in range(8)], spool_dropped=3))
     assert r.json() == {"accepted": 8, "duplicates": 0, "rejected": []}
     assert Node.objects.get(pk=a.node.pk).spool_dropped_total == 3
     gpu = Gpu.objects.get(uuid="GPU-s0")
     assert gpu.first_seen_at == base
-    assert gpu.last_seen_at == base + dt.timedelta(minutes=2)
+    # Last seen is kept to 5 minutes: the end of the first sample (base + 1 min) stands until a
+    # sample ends 5 minutes or more after it.
+    assert gpu.last_seen_at == base + dt.timedelta(minutes=1)
+    assert Gpu.objects.get(uuid="GPU-s3").last_seen_at == base + dt.timedelta(minutes=2)
+
+
+@pytest.mark.parametrize("one_statement_max", [0, 64])
+def test_last_seen_resolution(agent: Any, base: Any, postgres: Any, one_statement_max: int) -> None:
+    """Both store paths: last seen moves only by 5 minutes or more; first seen always moves."""
+    from unittest import mock
+
+    a = agent()
+    a.post(push([sample("GPU-l", base + dt.timedelta(minutes=10))], [gpu_block("GPU-l")]))
+    with mock.patch("telemetry.ingest_store.ONE_STATEMENT_MAX_ROWS", one_statement_max):
+        seen = []
+        for m in (11, 14, 15, 16):
+            a.post(push([sample("GPU-l", base + dt.timedelta(minutes=m))]))
+            gpu = Gpu.objects.get(uuid="GPU-l")
+            seen.append((gpu.last_seen_at - base) // dt.timedelta(minutes=1))
+        # Ends 12 and 15 are within 5 min of 11; 16 is 5 min after it; 17 within 5 of 16.
+        assert seen == [11, 11, 16, 16]
+        a.post(push([sample("GPU-l", base + dt.timedelta(minutes=9))]))  # earlier: moves
+        gpu = Gpu.objects.get(uuid="GPU-l")
+        assert (gpu.first_seen_at, gpu.last_seen_at) == (
+            base + dt.timedelta(minutes=9),
+            base + dt.timedelta(minutes=16),
+        )
 
 
 @pytest.mark.parametrize("one_statement_max", [0, 10_000])

@@ -34,8 +34,9 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])  # closed again when the block ends
 
 
-def _push(uuid: str) -> bytes:
-    start = timezone.now().replace(second=0, microsecond=0) - dt.timedelta(minutes=2)
+def _push(uuid: str, minutes: int = 0) -> bytes:
+    """One sample of ``uuid``, starting 2 + ``minutes`` minutes ago, with its gpus block."""
+    start = timezone.now().replace(second=0, microsecond=0) - dt.timedelta(minutes=2 + minutes)
     sample = {
         "gpu": uuid,
         "start": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -90,9 +91,10 @@ def test_database_unreachable_answers_503_json_fast() -> None:
 
 def test_database_failing_mid_push_answers_503(db: Any, client: Any) -> None:
     node, token = node_token_issue(hostname="db-fails")
-    with mock.patch(
-        "telemetry.ingest.ingest_store.samples_store",
-        side_effect=OperationalError("server closed the connection unexpectedly"),
+    lost = OperationalError("server closed the connection unexpectedly")
+    with (
+        mock.patch("telemetry.ingest.ingest_store.samples_store", side_effect=lost),
+        mock.patch("telemetry.ingest.ingest_store.samples_store_one_statement", side_effect=lost),
     ):
         r = client.post(
             URL,
@@ -158,18 +160,20 @@ def test_database_error_inside_copy_answers_503(db: Any, client: Any, postgres: 
 
 
 def test_database_error_in_one_statement_answers_503(db: Any, client: Any, postgres: Any) -> None:
-    """The small-batch path (one statement, no COPY) maps psycopg's errors to 503 too."""
+    """The small-batch path (one prepared statement, no COPY) maps psycopg's errors to 503 too."""
     import psycopg
 
+    from telemetry.ingest_store import _PreparedCursor
+
     node, token = node_token_issue(hostname="stmt-fails")
+    auth = f"Bearer {token}"
+    ok = client.post(URL, data=_push("GPU-stmt"), content_type="application/json",
+                     HTTP_AUTHORIZATION=auth)  # fmt: skip
+    assert ok.status_code == 200, ok.content
+    later = _push("GPU-stmt", minutes=1)
     with mock.patch.object(
-        psycopg.ClientCursor, "execute", side_effect=psycopg.OperationalError("connection lost")
+        _PreparedCursor, "execute", side_effect=psycopg.OperationalError("connection lost")
     ):
-        r = client.post(
-            URL,
-            data=_push("GPU-stmt"),
-            content_type="application/json",
-            HTTP_AUTHORIZATION=f"Bearer {token}",
-        )
+        r = client.post(URL, data=later, content_type="application/json", HTTP_AUTHORIZATION=auth)
     assert r.status_code == 503, r.content
-    assert not Sample.objects.exists()
+    assert Sample.objects.count() == 1
