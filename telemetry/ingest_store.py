@@ -34,7 +34,7 @@ from django.db.models import DateTimeField, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 
 from fleet.models import Gpu
-from telemetry.pending import MARK_CONFLICT, MARK_INSERT, hours_mark, hours_mark_sql
+from telemetry.pending import MARK_CONFLICT, MARK_INSERT, hours_mark
 
 COLUMNS = (
     "gpu_id",
@@ -143,7 +143,10 @@ _staged_sessions: weakref.WeakSet[Any] = weakref.WeakSet()
 # against a cached view of the GPUs (``verify``), the count of GPUs that still match it (owner
 # and total memory) tells the caller whether its view was stale; it then rolls back.
 _GPU_SEEN = f"""
-WITH p(id, first_start, last_end, node_id, mem, checked) AS (VALUES {{values}}
+WITH p AS (
+    SELECT * FROM unnest(
+        %s::int8[], %s::timestamptz[], %s::timestamptz[], %s::int8[], %s::int8[], %s::bool[]
+    ) AS p(id, first_start, last_end, node_id, mem, checked)
 ), matching AS (
     SELECT count(*) AS n FROM fleet_gpu AS g JOIN p ON g.id = p.id
     WHERE NOT p.checked OR (
@@ -151,10 +154,13 @@ WITH p(id, first_start, last_end, node_id, mem, checked) AS (VALUES {{values}}
 ), seen AS (
     UPDATE fleet_gpu AS g SET {_SEEN_SET}
     FROM p WHERE g.id = p.id AND {_SEEN_DUE}
-){{marked}}
+), marked AS (
+    {MARK_INSERT}
+    SELECT unnest(%s::timestamptz[]), 1, %s::timestamptz
+    {MARK_CONFLICT}
+)
 SELECT n FROM matching
 """  # noqa: S608 - constants of this module
-_SEEN_VALUE = "(%s::bigint, %s::timestamptz, %s::timestamptz, %s::bigint, %s::bigint, %s::boolean)"
 _DIRECT_COPY = f"COPY telemetry_sample ({_COLS}) FROM STDIN (FORMAT BINARY)"
 
 
@@ -384,23 +390,23 @@ def _store_direct(
             raise DuplicateSamples(str(exc).splitlines()[0]) from exc
         # Every row is new: first/last seen and the hours come from the rows themselves.
         seen = _seen_per_gpu(rows, now)
-        values = ", ".join([_SEEN_VALUE] * len(seen))
-        params: list[Any] = []
         # In id order, so two pushes of one node lock their GPUs' rows in the same order.
-        for gpu_id, (first, last) in sorted(seen.items()):
-            expected = verify.get(gpu_id) if verify is not None else None
-            if expected is None:
-                params += [gpu_id, first, last, None, None, False]
-            else:
-                params += [gpu_id, first, last, expected[0], expected[1], True]
-        # Hours of the distinct starts: a 1,000-sample batch has ~125 of them.
-        marked = hours_mark_sql({_hour(start) for start in {row[1] for row in rows}})
-        cte = ""
-        if marked is not None:
-            cte = f", marked AS ({marked[0]})"
-            params += marked[1]
-        cursor.execute(_GPU_SEEN.format(values=values, marked=cte), params)
-        (touched,) = cursor.fetchone()
+        ids = sorted(seen)
+        expected = [verify.get(i) if verify is not None else None for i in ids]
+        params: list[Any] = [
+            ids,
+            [seen[i][0] for i in ids],
+            [seen[i][1] for i in ids],
+            [e[0] if e else None for e in expected],
+            [e[1] if e else None for e in expected],
+            [e is not None for e in expected],
+            # Hours of the distinct starts: a 1,000-sample batch has ~125 starts in 3 hours.
+            sorted({_hour(start) for start in {row[1] for row in rows}}),
+            now,
+        ]
+        with prepared_cursor() as prepared:
+            prepared.execute(_GPU_SEEN, params)
+            (touched,) = prepared.fetchone()
     if verify is not None and touched != len(seen):
         # A GPU was moved to another node, deleted, or its memory changed since the cache
         # was filled: the caller rolls back and validates again.
@@ -416,16 +422,23 @@ def _seen_per_gpu(
     rows: Sequence[tuple[Any, ...]], now: dt.datetime
 ) -> dict[int, tuple[dt.datetime, dt.datetime]]:
     """Per GPU: the earliest start and the latest end (not past ``now``) of ``rows``."""
-    seen: dict[int, tuple[dt.datetime, dt.datetime]] = {}
+    spans: dict[int, list[dt.datetime]] = {}
+    lengths: dict[int, dt.timedelta] = {}
     for row in rows:
         gpu_id, start, seconds = row[0], row[1], row[2]
-        end = min(start + dt.timedelta(seconds=seconds), now)
-        current = seen.get(gpu_id)
-        if current is None:
-            seen[gpu_id] = (start, end)
-        elif start < current[0] or end > current[1]:
-            seen[gpu_id] = (min(current[0], start), max(current[1], end))
-    return seen
+        length = lengths.get(seconds)
+        if length is None:
+            length = lengths[seconds] = dt.timedelta(seconds=seconds)
+        end = start + length
+        span = spans.get(gpu_id)
+        if span is None:
+            spans[gpu_id] = [start, end]
+        else:
+            if start < span[0]:
+                span[0] = start
+            if end > span[1]:
+                span[1] = end
+    return {gpu_id: (first, min(last, now)) for gpu_id, (first, last) in spans.items()}
 
 
 def _store_staged(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 # The mark itself: insert the hour, or bump its version if it is marked already. The version
 # bump is what lets a running rollup tell that an hour was marked again while it was computing
-# (it then leaves the mark in place). Ingest's one-statement path embeds the same upsert.
+# (it then leaves the mark in place). Ingest's own statements embed the same upsert.
 MARK_INSERT = "INSERT INTO telemetry_rolluppending (hour, version, marked_at)"
 MARK_CONFLICT = (
     "ON CONFLICT (hour) DO UPDATE SET version = telemetry_rolluppending.version + 1,"
@@ -18,29 +18,16 @@ MARK_CONFLICT = (
 )
 
 
-def hours_mark_sql(
-    hours: Iterable[dt.datetime], now: dt.datetime | None = None
-) -> tuple[str, list[dt.datetime | int]] | None:
-    """The upsert :func:`hours_mark` runs, as (SQL, params), or None for no hours.
-
-    Ingest embeds it in its own statement (a data-modifying CTE) to save a round trip.
-    """
+def hours_mark(hours: Iterable[dt.datetime]) -> None:
+    """Mark these UTC hour starts out of date; bumps ``version`` of hours already marked."""
     unique = sorted({h for h in hours})
     if not unique:
-        return None
-    now = now or timezone.now()
-    placeholders = ", ".join(["(%s, 1, %s)"] * len(unique))
+        return
+    now = timezone.now()
     params: list[dt.datetime | int] = []
     for hour in unique:
         params += [hour, now]
-    # One upsert for the whole batch.
-    return f"{MARK_INSERT} VALUES {placeholders} {MARK_CONFLICT}", params
-
-
-def hours_mark(hours: Iterable[dt.datetime]) -> None:
-    """Mark these UTC hour starts out of date; bumps ``version`` of hours already marked."""
-    statement = hours_mark_sql(hours)
-    if statement is None:
-        return
+    placeholders = ", ".join(["(%s, 1, %s)"] * len(unique))
     with connection.cursor() as cursor:
-        cursor.execute(*statement)
+        # One upsert for the whole batch.
+        cursor.execute(f"{MARK_INSERT} VALUES {placeholders} {MARK_CONFLICT}", params)
