@@ -197,9 +197,11 @@ class InProcess:
         rest["DEFAULT_THROTTLE_RATES"]["ingest"] = "100000000/min"
         self.handler = WSGIHandler()
 
-    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    def post(
+        self, path: str, body: bytes, headers: dict[str, str], method: str = "POST"
+    ) -> tuple[int, bytes]:
         environ = {
-            "REQUEST_METHOD": "POST",
+            "REQUEST_METHOD": method,
             "PATH_INFO": path,
             "SERVER_NAME": "127.0.0.1",
             "SERVER_PORT": "80",
@@ -247,6 +249,37 @@ def empty_push_ms(server: Any, token: str, n: int = 100) -> float:
         status, answer = server.post("/api/v1/ingest", b'{"samples": []}', headers)
         times.append(time.perf_counter() - began)
         assert status == 200, answer
+    return statistics.median(times) * 1e3
+
+
+def bare_view_ms(server: Any, n: int = 200) -> float:
+    """Median ms of ``GET /healthz``: a Django view that does nothing (no database, no cache,
+    no DRF) through the same server and middleware: the floor of any Django request."""
+    times = []
+    for _ in range(n):
+        began = time.perf_counter()
+        status, _ = server.post("/healthz", b"", {}, method="GET")
+        times.append(time.perf_counter() - began)
+        assert status == 200
+    return statistics.median(times) * 1e3
+
+
+def checks_ms(body: bytes, uuids: list[str], n: int = 20) -> float:
+    """Median ms of what DESIGN.md §4–5 make ingest do with a body before storing it: msgspec
+    decoding and the per-sample checks (no database: the GPU map is given)."""
+    from django.utils import timezone
+
+    from telemetry.ingest import GpuRef, _push_decode, samples_validate
+
+    gpus = {u: GpuRef(i + 1, 1, 85_899_345_920, i, "", 700.0, None) for i, u in enumerate(uuids)}
+    times = []
+    for _ in range(n):
+        began = time.perf_counter()
+        push, typed = _push_decode(body)
+        assert typed  # every sample decoded: the list holds SampleIn only
+        samples: Any = push.samples
+        samples_validate(samples=samples, gpus=gpus, node_id=1, now=timezone.now())
+        times.append(time.perf_counter() - began)
     return statistics.median(times) * 1e3
 
 
@@ -370,6 +403,8 @@ def main() -> None:
                         http_run(server, token, bodies(size, n), size)
                     )
         fixed_ms = {name: empty_push_ms(server, token) for name, server in servers.items()}
+        floor_ms = {name: bare_view_ms(server) for name, server in servers.items()}
+        work_ms = {size: checks_ms(bodies(size, 1)[0], http_uuids) for size in (8, 1000)}
     finally:
         for server in servers.values():
             server.close()
@@ -413,13 +448,28 @@ def main() -> None:
             )
     for name in names:
         print(f"empty push via {name:<8}: {fixed_ms[name]:.2f} ms (the fixed cost of a request)")
+        print(f"bare Django view via {name:<8}: {floor_ms[name]:.2f} ms (GET /healthz)")
+    # The best ratio a Django path could reach if storing cost it no more than the reference:
+    # the reference's time against the reference plus a bare Django request plus decoding and
+    # checking the samples (which the reference skips, and DESIGN.md requires).
+    ceilings = {
+        (size, name): (size / summary[(size, "ref")] * 1e3)
+        / (size / summary[(size, "ref")] * 1e3 + floor_ms[name] + work_ms[size])
+        for size in (8, 1000)
+        for name in names
+    }
+    for size in (8, 1000):
+        print(f"decode + checks of {size:>5} samples: {work_ms[size]:.2f} ms")
     if args.write_docs:
-        docs_write(summary, ratios, fixed_ms, names, args, load)
+        docs_write(summary, ratios, fixed_ms, floor_ms, work_ms, ceilings, names, args, load)
     for size in (8, 1000):
         for name in names:
             ratio = ratios[(size, name)]
             verdict = "meets" if ratio >= GOALS[size] else "BELOW"
-            print(f"ratio batch {size} ({name}): {ratio:.2f} (goal ≥ {GOALS[size]}, {verdict})")
+            print(
+                f"ratio batch {size} ({name}): {ratio:.2f} (goal ≥ {GOALS[size]}, {verdict}; "
+                f"ceiling of any Django path {ceilings[(size, name)]:.2f})"
+            )
 
 
 GOALS = {8: 0.6, 1000: 0.8}
@@ -429,6 +479,9 @@ def docs_write(
     summary: dict[tuple[int, str], float],
     ratios: dict[tuple[int, str], float],
     fixed_ms: dict[str, float],
+    floor_ms: dict[str, float],
+    work_ms: dict[int, float],
+    ceilings: dict[tuple[int, str], float],
     names: list[str],
     args: argparse.Namespace,
     load: float,
@@ -438,17 +491,27 @@ def docs_write(
     for size in (8, 1000):
         ref = summary[(size, "ref")]
         rows.append(
-            f"| {size:,} | reference: binary COPY | {ref:,.0f} | {1e3 * size / ref:.2f} | | |"
+            f"| {size:,} | reference: binary COPY | {ref:,.0f} | {1e3 * size / ref:.2f} | | | |"
         )
         for name in names:
             got = summary[(size, name)]
             rows.append(
                 f"| {size:,} | HTTP ingest, {_server_words(name)} | {got:,.0f} | "
-                f"{1e3 * size / got:.2f} | {ratios[(size, name)]:.2f} | ≥ {GOALS[size]} |"
+                f"{1e3 * size / got:.2f} | {ratios[(size, name)]:.2f} | "
+                f"{ceilings[(size, name)]:.2f} | ≥ {GOALS[size]} |"
             )
     for name in names:
         rows.append(
-            f"| 0 | empty push (fixed cost), {_server_words(name)} | | {fixed_ms[name]:.2f} | | |"
+            f"| 0 | empty push (fixed cost), {_server_words(name)} | | {fixed_ms[name]:.2f} | | | |"
+        )
+        rows.append(
+            f"| 0 | bare Django view (`GET /healthz`), {_server_words(name)} | | "
+            f"{floor_ms[name]:.2f} | | | |"
+        )
+    for size in (8, 1000):
+        rows.append(
+            f"| {size:,} | msgspec decoding + per-sample checks, no I/O | | "
+            f"{work_ms[size]:.2f} | | | |"
         )
     table = "\n".join(rows)
     section = f"""## Ingest
@@ -460,32 +523,32 @@ def docs_write(
 medians over rounds, a ratio is the median of the rounds' ratios).
 
 Reference: psycopg 3 binary COPY of prepared rows into `telemetry_sample` (partitioned by day,
-primary key `(gpu_id, start)`, BRIN on `start`), one transaction per batch. Measured: the same
-shape of rows as JSON pushes to `POST /api/v1/ingest`, one request per batch, sequentially:
-token auth (one query), the per-node throttle and the metrics counters in Redis, msgspec
-decoding and validation, the GPUs of the push (one query), binary COPY into the table, the
-GPUs' first/last seen (one statement), the hour marks (one statement), commit. Each push
-carries its node's 8-GPU `gpus` block, as the agent sends it. Replays (duplicates) take the
-slower staging path and are not measured here.
+primary key `(gpu_id, start)`, BRIN on `start`), one transaction per batch, warm connection.
+Measured: the same shape of rows as JSON pushes to `POST /api/v1/ingest`, one request per
+batch, sequentially, each carrying its node's 8-GPU `gpus` block as the agent sends it: token
+authentication (cached per process; the secret checked every time), the per-node throttle (one
+Redis INCR), msgspec decoding and the per-sample checks, the GPUs (cached per process), then
+- 8 samples: one prepared statement in autocommit — the samples, first/last seen, the hour
+  marks, the node row and the token's revocation check;
+- 1,000 samples: BEGIN, binary COPY, one prepared statement (first/last seen, hour marks),
+  COMMIT;
 
-| batch (samples) | path | rows/s | ms per batch | ratio | goal |
-|---:|---|---:|---:|---:|---:|
+and the metrics counters (one Redis pipeline). Replays (duplicates) take the slower staging
+path and are not measured here.
+
+| batch (samples) | path | rows/s | ms per batch | ratio | ceiling | goal |
+|---:|---|---:|---:|---:|---:|---:|
 {table}
 
-Reading the numbers: a push pays a fixed cost per request that the reference does not: the
-Django and DRF request cycle, token authentication (Django's connection health check and the
-token query), the per-node throttle (one Redis INCR), the metrics counters (`counter_incr`:
-EXISTS + INCR per counter, two counters per push) and, for samples, the GPUs' query, BEGIN,
-first/last seen, the hour marks and COMMIT, beside the reference's BEGIN, COPY and COMMIT. The
-"empty push" rows measure that fixed cost alone. At 8 samples the reference is one small COPY
-and its commit; unless the commit's fsync is slow (it cost ~6 ms per batch at a busy moment
-of this machine, ~0.7 ms at a quiet one) the fixed cost decides the ratio, and 0.6 would
-need a whole authenticated request in well under 1.5 ms. At 1,000 samples the COPY costs the
-same on both paths (ingest COPYs straight into the table; only a batch holding a duplicate
-takes the staging table, which doubled the database time of such a batch in a side test);
-msgspec decoding and validation add ~2 µs per sample, and the fixed cost the rest. Ratios
-swing by ±50 % with the machine's load (they were 0.13–0.15 and 0.29–0.37 at a load
-average of 7).
+**Ceiling** is the best ratio any path through Django could reach on this machine if storing
+the rows cost it no more than the reference: the reference's time per batch against that time
+plus a bare Django request (a view that does nothing, `/healthz`, through the same server and
+middleware) plus decoding and checking the samples (which DESIGN.md §4–5 require and the
+reference skips). It is below the goal at both sizes: at 8 samples a Django request that does
+nothing costs about as much as the reference's whole batch, and at 1,000 samples decoding and
+checking alone cost more than the 25 % the goal leaves. The goals of issue 4 cannot be met by
+an endpoint built as the issue asks (a DRF view) against this reference; see the closing note
+of issue 4 for the goal proposed instead.
 """
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
     pattern = re.compile(r"^## Ingest\n.*?(?=^## |\Z)", re.S | re.M)
