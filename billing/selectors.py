@@ -483,7 +483,15 @@ def _filtered(rows: QuerySet[Any], filters: Filters) -> QuerySet[Any]:
 
 
 def _summed(rows: QuerySet[Any], fields: list[str]) -> list[dict[str, Any]]:
-    return list(rows.values(*fields).annotate(**{f: Sum(f) for f in _SUM_FIELDS}).order_by())
+    """The rollup sums of ``rows`` per ``fields``, as dicts. The statement is Django's, the
+    values as the database sends them: Django's per-value converters (``float`` of a float,
+    ``int`` of an integer, a bucket made aware and back) cost more than the query on a large
+    fleet. A bucket is a date, or a local midnight as a datetime (see ``_compute``)."""
+    query = rows.values(*fields).annotate(**{f: Sum(f) for f in _SUM_FIELDS}).order_by().query
+    with connection.cursor() as cursor:
+        cursor.execute(*query.sql_with_params())
+        names = [column.name for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def _summed_hourly(
@@ -539,23 +547,31 @@ def _phase_outside(gpu: _GpuInfo, window_start: dt.datetime) -> int:
 
 # Rollup columns summed per rate class and day (the fleet trend's pooled path).
 _POOLED_SQL = """
-    -- One row per local day, rate class (the CASE over GPU ids) and stored site: the daily
-    -- sums of GPUs that share their rate, kind and nominal power, so the cost model runs once
-    -- per class and day instead of once per GPU and day.
-    SELECT day, klass, site_id, {sums}
+    -- One row per local day, rate class and stored site: the daily sums of GPUs that share
+    -- their rate, kind and nominal power, so the cost model runs once per class and day
+    -- instead of once per GPU and day. A row's class and its GPU's pooled days [first, last)
+    -- are looked up by GPU id in arrays that start at the lowest pooled id (class -1: not
+    -- pooled), so the table is read once with no join (a hash join on the unnested ids
+    -- hashed the whole table instead, as it cannot know the ids are distinct: 2-3x slower).
+    -- ``over``: a row observed more than 3600 s per hour it sums (see _OVER_SQL).
+    SELECT day, klass, site_id, bool_or(observed_s > 3600 * hours), {sums}
     FROM (
-        SELECT d.*, c.klass FROM telemetry_dailyusage d
-        JOIN unnest(%(ids)s::bigint[], %(classes)s::int[], %(firsts)s::date[],
-                    %(lasts)s::date[]) AS c(gpu_id, klass, first, last)
-          ON c.gpu_id = d.gpu_id AND d.day >= c.first AND d.day < c.last
+        SELECT d.*, (%(classes)s::int[])[d.gpu_id - %(base)s] AS klass,
+               (%(firsts)s::date[])[d.gpu_id - %(base)s] AS first_day,
+               (%(lasts)s::date[])[d.gpu_id - %(base)s] AS last_day
+        FROM telemetry_dailyusage d
+        WHERE d.gpu_id > %(base)s AND d.gpu_id <= %(top)s
+          AND d.day >= %(from)s AND d.day < %(to)s
     ) rows
+    WHERE klass >= 0 AND day >= first_day AND day < last_day
     GROUP BY day, klass, site_id
 """
 
 # GPU-days that observed more than the day's length (overlapping samples): their offline
 # hours are 0, not negative, so the pooled offline sum is corrected for exactly these. Such a
 # day has a row that observed more than 3600 s per hour it sums (a day has at most its length
-# in hours), so only the days with such a row are summed: none, as a rule.
+# in hours), so only the days with such a row are summed, and only when the pooled sums saw
+# one (``over``): never, as a rule.
 _OVER_SQL = """
     SELECT d.gpu_id, d.day, sum(d.observed_s)
     FROM telemetry_dailyusage d
@@ -605,22 +621,41 @@ def _pooled_segments(
     klass_of = {g.id: k for k, group in members.items() for g in group}
     zone_name = zone.key if isinstance(zone, ZoneInfo) else "UTC"
     ids = list(klass_of)
+    base, top = min(ids) - 1, max(ids)  # SQL arrays are 1-based: index = id - base
+    outside = min(first for first, _ in days.values())  # any date: class -1 is not read
+    klass_at, first_at, last_at = (
+        [-1] * (top - base),
+        [outside] * (top - base),
+        [outside] * (top - base),
+    )
+    for gpu_id, klass in klass_of.items():
+        klass_at[gpu_id - base - 1] = klass
+        first_at[gpu_id - base - 1], last_at[gpu_id - base - 1] = days[gpu_id]
     params: dict[str, Any] = {
-        "ids": ids,
-        "classes": [klass_of[i] for i in ids],
-        "firsts": [days[i][0] for i in ids],
-        "lasts": [days[i][1] for i in ids],
-        "zone": zone_name,
+        "classes": klass_at,
+        "firsts": first_at,
+        "lasts": last_at,
+        "base": base,
+        "top": top,
+        "from": outside,
+        "to": max(last for _, last in days.values()),
     }
     sums_sql = ", ".join(f"sum({f})" for f in _SUM_FIELDS)
     observed_s: dict[tuple[int, dt.date], float] = defaultdict(float)
     segments: list[_Segment] = []
+    over: list[tuple[Any, ...]] = []
     with transaction.atomic(), connection.cursor() as cursor:
-        # Sorting a large fleet's GPU-days (1,000 × 90) for the GROUP BY outgrows the
-        # default 4 MB and spills to disk; this statement's transaction only.
-        cursor.execute("SET LOCAL work_mem = '64MB'")
+        # Hashing a large fleet's class-days (1,000 GPUs × 90 days) outgrows the default
+        # 4 MB; and one process, not parallel workers, sums each group, so its sums are
+        # taken in the same order on every run. This statement's transaction only.
+        cursor.execute(
+            "SELECT set_config('work_mem', '64MB', true),"
+            " set_config('max_parallel_workers_per_gather', '0', true)"
+        )
         cursor.execute(_POOLED_SQL.format(sums=sums_sql), params)
-        for day, klass, site_id, *values in cursor.fetchall():
+        any_over = False
+        for day, klass, site_id, day_over, *values in cursor.fetchall():
+            any_over = any_over or day_over
             stand_in = members[klass][0]
             sums = {f: float(v or 0) for f, v in zip(_SUM_FIELDS, values, strict=True)}
             observed_s[(klass, day)] += sums["observed_s"]
@@ -636,8 +671,17 @@ def _pooled_segments(
                     sums=sums,
                 )
             )
-        cursor.execute(_OVER_SQL, params)
-        over = cursor.fetchall()
+        if any_over:
+            cursor.execute(
+                _OVER_SQL,
+                {
+                    "ids": ids,
+                    "firsts": [days[i][0] for i in ids],
+                    "lasts": [days[i][1] for i in ids],
+                    "zone": zone_name,
+                },
+            )
+            over = cursor.fetchall()
     excess: dict[tuple[int, dt.date], Decimal] = defaultdict(Decimal)
     for gpu_id, day, observed in over:
         bucket = buckets[day]
@@ -831,11 +875,12 @@ def _compute(
         if period == "all":
             key = start
         else:
+            # A day of the daily table; a week or month of it truncated in SQL (midnight of
+            # the session's zone); or hourly rows truncated in the report zone (local time).
             found = row["bucket"]
             if isinstance(found, dt.datetime):
-                key = found.astimezone(zone).date()
-            else:
-                key = _bucket_key(found, period, start)
+                found = found.date()
+            key = _bucket_key(found, period, start)
         bucket = buckets_by_key.get(key)
         if bucket is None:
             continue
