@@ -168,7 +168,11 @@ class Gpu(models.Model):
     first_seen_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     lost_at = models.DateTimeField(
-        null=True, blank=True, help_text="When the agent last reported it lost (off the bus)"
+        null=True,
+        blank=True,
+        help_text=(
+            "When the agent first reported it lost (off the bus); cleared when listed present again"
+        ),
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

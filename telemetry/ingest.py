@@ -12,6 +12,7 @@ its batch is stored.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -297,14 +298,24 @@ class GpuRef:
     name: str
     power_limit_w: float | None
     model_id: int | None
+    lost: bool = False  # the agent has reported it off the bus (lost_at is set)
+
+
+# What a GPU query reads: the row's id and uuid, then GpuRef's fields after ``id``.
+_GPU_COLUMNS = (
+    'id, uuid, node_id, memory_total_bytes, "index", name, power_limit_w, model_id,'
+    " lost_at IS NOT NULL"
+)
+
+
+def _ref_from_row(row: tuple[Any, ...]) -> tuple[str, GpuRef]:
+    pk, uuid, *rest = row
+    return uuid, GpuRef(pk, *rest)
 
 
 # The GPUs a push mentions, whoever owns them (a sample for another node's GPU is rejected).
 # Plain SQL: this runs on every push, and the ORM's query building cost more than the query.
-_GPUS_SQL = (
-    'SELECT id, uuid, node_id, memory_total_bytes, "index", name, power_limit_w, model_id '
-    "FROM fleet_gpu WHERE uuid IN ({})"
-)
+_GPUS_SQL = f"SELECT {_GPU_COLUMNS} FROM fleet_gpu WHERE uuid IN ({{}})"  # noqa: S608
 
 
 def _gpus_load(uuids: set[str]) -> dict[str, GpuRef]:
@@ -313,10 +324,7 @@ def _gpus_load(uuids: set[str]) -> dict[str, GpuRef]:
     with connection.cursor() as cursor:
         cursor.execute(_GPUS_SQL.format(", ".join(["%s"] * len(uuids))), list(uuids))
         rows = cursor.fetchall()
-    return {
-        uuid: GpuRef(pk, node_id, mem, index, name, power, model_id)
-        for pk, uuid, node_id, mem, index, name, power, model_id in rows
-    }
+    return dict(_ref_from_row(row) for row in rows)
 
 
 # --- the node's GPUs, cached in process memory ---------------------------------------------
@@ -337,10 +345,7 @@ _gpu_cache_lock = threading.Lock()
 
 # The node's own GPUs and the GPUs a push mentions, in one query. IN (…) rather than
 # PostgreSQL's = ANY(%s) so the same statement runs on the embedded SQLite default.
-_NODE_GPUS_SQL = (
-    'SELECT id, uuid, node_id, memory_total_bytes, "index", name, power_limit_w, model_id '
-    "FROM fleet_gpu WHERE node_id = %s"
-)
+_NODE_GPUS_SQL = f"SELECT {_GPU_COLUMNS} FROM fleet_gpu WHERE node_id = %s"  # noqa: S608
 
 
 def gpu_cache_clear(node_id: int | None = None) -> None:
@@ -380,9 +385,9 @@ def _gpus_for(node_id: int, uuids: set[str], *, use_cache: bool) -> tuple[dict[s
         rows = cursor.fetchall()
     found: dict[str, GpuRef] = {}
     own = {}
-    for pk, uuid, owner, mem, index, name, power, model_id in rows:
-        ref = GpuRef(pk, owner, mem, index, name, power, model_id)
-        if owner == node_id:
+    for row in rows:
+        uuid, ref = _ref_from_row(row)
+        if ref.node_id == node_id:
             own[uuid] = ref
         if uuid in uuids:
             found[uuid] = _ref_copy(ref)
@@ -392,15 +397,7 @@ def _gpus_for(node_id: int, uuids: set[str], *, use_cache: bool) -> tuple[dict[s
 
 
 def _ref_copy(ref: GpuRef) -> GpuRef:
-    return GpuRef(
-        ref.id,
-        ref.node_id,
-        ref.memory_total_bytes,
-        ref.index,
-        ref.name,
-        ref.power_limit_w,
-        ref.model_id,
-    )
+    return dataclasses.replace(ref)
 
 
 def gpus_register(
@@ -459,8 +456,10 @@ def gpus_register(
             changes["memory_total_bytes"] = ref.memory_total_bytes = g.memory_total_bytes
         if g.power_limit_w is not None and g.power_limit_w != ref.power_limit_w:
             changes["power_limit_w"] = ref.power_limit_w = g.power_limit_w
-        if g.is_lost:
-            changes["lost_at"] = now
+        if g.is_lost != ref.lost:
+            # Set when first reported lost, cleared when the agent lists it present again.
+            changes["lost_at"] = now if g.is_lost else None
+            ref.lost = g.is_lost
         if changes:
             if before_write is not None:
                 before_write()

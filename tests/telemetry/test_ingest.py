@@ -224,10 +224,18 @@ def test_lost_gpu_and_spool_drops(agent: Any, base: Any) -> None:
         )
     )
     assert r.status_code == 200 and r.json() == {"accepted": 0, "duplicates": 0, "rejected": []}
-    assert Gpu.objects.get(uuid="GPU-l").lost_at is not None
-    assert Gpu.objects.get(uuid="GPU-m").lost_at is not None
+    lost_l = Gpu.objects.get(uuid="GPU-l").lost_at
+    lost_m = Gpu.objects.get(uuid="GPU-m").lost_at
+    assert lost_l is not None and lost_m is not None
     a.post(push([], [], spool_dropped=5))
     assert Node.objects.get(pk=a.node.pk).spool_dropped_total == 12
+    # Still lost: the time it was first reported stands. Listed present again: cleared. Not
+    # listed at all: unchanged.
+    a.post(push([], [gpu_block("GPU-l", lost=True), gpu_block("GPU-m", 1, status="lost")]))
+    assert Gpu.objects.get(uuid="GPU-l").lost_at == lost_l
+    a.post(push([sample("GPU-l", base + dt.timedelta(minutes=5))], [gpu_block("GPU-l")]))
+    assert Gpu.objects.get(uuid="GPU-l").lost_at is None
+    assert Gpu.objects.get(uuid="GPU-m").lost_at == lost_m
 
 
 def test_gpu_metadata_refreshed_from_block(agent: Any, base: Any) -> None:
