@@ -1262,13 +1262,15 @@ _UTILIZATION_SQL = """
     ), used AS (
         SELECT gpu_id, day, sum(air_s) AS air_s, sum(observed_s) AS observed_s
         FROM (
-            -- Other GPUs' rows find no span below: no filter on the GPU here.
+            -- The GPUs asked for only (a page of the heatmap reads a tenth of the table;
+            -- ANY of a long array is hashed, one lookup a row).
             SELECT gpu_id, day, air_s, observed_s FROM telemetry_dailyusage
-            WHERE day >= %(start)s AND day < %(whole_end)s
+            WHERE day >= %(start)s AND day < %(whole_end)s AND gpu_id = ANY(%(ids)s::bigint[])
             UNION ALL
             SELECT gpu_id, (hour AT TIME ZONE %(zone)s)::date, air_s, observed_s
             FROM telemetry_hourlyusage
             WHERE hour >= %(hourly_from)s AND hour < %(capacity_end)s
+              AND gpu_id = ANY(%(ids)s::bigint[])
         ) rows
         GROUP BY gpu_id, day
     ), cells AS (
@@ -1286,36 +1288,68 @@ _UTILIZATION_SQL = """
 """
 
 
-def _utilization_sql(
-    gpus: dict[int, _GpuInfo],
-    *,
-    start: dt.date,
-    end: dt.date,
-    zone: dt.tzinfo,
-    now: dt.datetime,
-) -> list[UtilizationRow]:
-    """``utilization_by_day`` in one statement (daily table in use, no attribution filter)."""
+@dataclass
+class _UtilizationLoad:
+    """What ``utilization_by_day`` reads before the rollups: the report zone's days, the
+    GPUs the filters keep, and whether the one-statement path applies."""
+
+    zone: dt.tzinfo
+    buckets: list[_Bucket]
+    window_start: dt.datetime  # UTC
+    capacity_end: dt.datetime  # UTC, the window cut off at now
+    now: dt.datetime
+    gpus: dict[int, _GpuInfo]
+    sql: bool  # daily table in use, no attribution filter: ``_utilization_sql``
+
+
+def _utilization_load(
+    *, start: dt.date, end: dt.date, filters: Filters, now: dt.datetime | None
+) -> _UtilizationLoad:
+    now = now or timezone.now()
+    zone = _report_zone(FleetSettings.load().report_time_zone, start, end)
     window_start = _local_midnight(start, zone).astimezone(dt.UTC)
     capacity_end = max(window_start, min(_local_midnight(end, zone).astimezone(dt.UTC), now))
+    gpu_qs = Gpu.objects.exclude(retired_at__lte=window_start)
+    if filters.models:
+        gpu_qs = gpu_qs.filter(model__key__in=filters.models)
+    if filters.gpus:
+        gpu_qs = gpu_qs.filter(uuid__in=filters.gpus)
+    return _UtilizationLoad(
+        zone=zone,
+        buckets=_buckets(start, end, "day", zone),
+        window_start=window_start,
+        capacity_end=capacity_end,
+        now=now,
+        gpus={g.pk: _gpu_info(g, {}, now) for g in _gpu_rows(gpu_qs)},  # type: ignore[arg-type]
+        sql=_daily_zone(zone) and not _by_attribution(filters),
+    )
+
+
+def _utilization_params(
+    load: _UtilizationLoad, *, start: dt.date, end: dt.date
+) -> tuple[dict[str, Any], dict[int, bool]]:
+    """The parameters of ``_UTILIZATION_SQL`` (and ``_UTILIZATION_ROWS_SQL``) for the load's
+    GPUs, and per GPU whether it is in service at some time in the window."""
+    zone, window_start, capacity_end = load.zone, load.window_start, load.capacity_end
     whole_end = start
     while (
         whole_end < end and _local_midnight(whole_end + dt.timedelta(days=1), zone) <= capacity_end
     ):
         whole_end += dt.timedelta(days=1)
     ids, lows, highs = [], [], []
-    for gpu in gpus.values():
+    in_service: dict[int, bool] = {}
+    for gpu in load.gpus.values():
         span = cm.capacity_interval(
             service_start=gpu.service_start,
             retired_at=gpu.retired_at,
             start=window_start,
             end=capacity_end,
-            now=now,
+            now=load.now,
         )
         ids.append(gpu.id)
         lows.append(span[0] if span else window_start)
         highs.append(span[1] if span else window_start)
-    if not ids:
-        return []
+        in_service[gpu.id] = span is not None
     params: dict[str, Any] = {
         "ids": ids,
         "lo": lows,
@@ -1327,6 +1361,17 @@ def _utilization_sql(
         "capacity_end": capacity_end,
         "zone": zone.key if isinstance(zone, ZoneInfo) else "UTC",
     }
+    return params, in_service
+
+
+def _utilization_sql(
+    load: _UtilizationLoad, *, start: dt.date, end: dt.date
+) -> list[UtilizationRow]:
+    """``utilization_by_day`` in one statement (daily table in use, no attribution filter)."""
+    gpus = load.gpus
+    if not gpus:
+        return []
+    params, _ = _utilization_params(load, start=start, end=end)
     with transaction.atomic(), connection.cursor() as cursor:
         # A GPU-day hash of a large fleet (1,000 × 90) outgrows the default 4 MB and would
         # spill to disk; this statement only, in this transaction.
@@ -1365,21 +1410,13 @@ def utilization_by_day(
     more than its own calendar hours). Floats throughout: a heatmap shows 0.1 %."""
     _validate(start=start, end=end, period="day")
     filters = filters or Filters()
-    now = now or timezone.now()
-    zone = _report_zone(FleetSettings.load().report_time_zone, start, end)
-    buckets = _buckets(start, end, "day", zone)
-    window_start = _local_midnight(start, zone).astimezone(dt.UTC)
-    capacity_end = max(window_start, min(_local_midnight(end, zone).astimezone(dt.UTC), now))
+    load = _utilization_load(start=start, end=end, filters=filters, now=now)
+    if load.sql:
+        return _utilization_sql(load, start=start, end=end)
+    zone, buckets, gpus, now = load.zone, load.buckets, load.gpus, load.now
+    window_start, capacity_end = load.window_start, load.capacity_end
     names = _names_load()
-    gpu_qs = Gpu.objects.exclude(retired_at__lte=window_start)
-    if filters.models:
-        gpu_qs = gpu_qs.filter(model__key__in=filters.models)
-    if filters.gpus:
-        gpu_qs = gpu_qs.filter(uuid__in=filters.gpus)
-    gpus = {g.pk: _gpu_info(g, {}, now) for g in _gpu_rows(gpu_qs)}  # type: ignore[arg-type]
     index = {b.key: i for i, b in enumerate(buckets)}
-    if _daily_zone(zone) and not _by_attribution(filters):
-        return _utilization_sql(gpus, start=start, end=end, zone=zone, now=now)
 
     # (gpu, day index) → [air s kept by the filters, observed s kept, observed s in all]
     sums: dict[tuple[int, int], list[float]] = {}
@@ -1472,6 +1509,47 @@ def utilization_by_day(
         if shown:
             out.append(UtilizationRow(key=gpu.uuid, name=gpu.label, values=values))
     return out
+
+
+_UTILIZATION_ROWS_SQL = """
+    -- Which of these GPUs (none in service in the window) have rollup rows there: the
+    -- heatmap shows them too. The tables and ranges of _UTILIZATION_SQL.
+    SELECT gpu_id FROM telemetry_dailyusage
+    WHERE day >= %(start)s AND day < %(whole_end)s AND gpu_id = ANY(%(ids)s::bigint[])
+    UNION
+    SELECT gpu_id FROM telemetry_hourlyusage
+    WHERE hour >= %(hourly_from)s AND hour < %(capacity_end)s AND gpu_id = ANY(%(ids)s::bigint[])
+"""
+
+
+def utilization_listed(
+    *,
+    start: dt.date,
+    end: dt.date,
+    filters: Filters | None = None,
+    now: dt.datetime | None = None,
+) -> list[tuple[str, str]] | None:
+    """``(key, name)`` of the rows ``utilization_by_day`` returns, in its order, without
+    their values, where that needs no rollup sums (the daily table in use, no site, pool or
+    team filter: a GPU is listed when in service in the window or with rows there); ``None``
+    otherwise. A heatmap drawn by name needs every GPU's name but one page's values:
+    ``utilization_by_day`` with ``Filters(gpus=…)`` gives those GPUs' rows alone."""
+    _validate(start=start, end=end, period="day")
+    load = _utilization_load(start=start, end=end, filters=filters or Filters(), now=now)
+    if not load.sql:
+        return None
+    params, in_service = _utilization_params(load, start=start, end=end)
+    idle = [gpu_id for gpu_id, serving in in_service.items() if not serving]
+    with_rows: set[int] = set()
+    if idle:
+        with connection.cursor() as cursor:
+            cursor.execute(_UTILIZATION_ROWS_SQL, {**params, "ids": idle})
+            with_rows = {gpu_id for (gpu_id,) in cursor.fetchall()}
+    return [
+        (gpu.uuid, gpu.label)
+        for gpu in load.gpus.values()
+        if in_service[gpu.id] or gpu.id in with_rows
+    ]
 
 
 @dataclass

@@ -8,6 +8,7 @@ viewer's page carries no money at all, not even hidden.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -331,35 +332,53 @@ def heatmap(request: HttpRequest) -> HttpResponse:
     GPUs × days coloured by utilisation (air hours / capacity hours of each GPU-day).
     """
     flt = dashboard_filters(request.GET)
-    # Utilisation only (no money), per GPU and day, straight from the daily sums.
-    rows = selectors.utilization_by_day(start=flt.start, end=flt.end_exclusive, filters=flt.filters)
     days = [flt.start + dt.timedelta(days=i) for i in range(flt.days)]
-    labels = {r.key: r.name for r in rows}
-    values = {r.key: r.values for r in rows}
-
-    def percents(k: str) -> list[float | None]:
-        return [None if u is None else round(u * 100, 1) for u in values[k]]
-
     order = request.GET.get("order", "name")
-    keys = list(values)
-    # Percentages (0.1 %) of the GPUs drawn only, unless the order needs every GPU's.
-    matrix: dict[str, list[float | None]] = {}
-    if order == "util":
-        matrix = {k: percents(k) for k in keys}
-
-        def mean(k: str) -> float:
-            vals = [v for v in matrix[k] if v is not None]
-            return sum(vals) / len(vals) if vals else -1.0  # display order only
-
-        keys.sort(key=mean)
-    else:
+    if order != "util":
         order = "name"
-        keys.sort(key=lambda k: labels[k])
-    shown, pager = _page_of(keys, request, flt, order=order)
+    start, end = flt.start, flt.end_exclusive
+
+    def percents(values: list[float | None]) -> list[float | None]:
+        return [None if u is None else round(u * 100, 1) for u in values]
+
+    # By name: every GPU's name, then the values of the page drawn only, where the selectors
+    # can list the GPUs without their values. By utilisation the order needs every value.
+    listed = (
+        selectors.utilization_listed(start=start, end=end, filters=flt.filters)
+        if order == "name"
+        else None
+    )
+    if listed is not None:
+        labels = dict(listed)
+        keys = sorted(labels, key=lambda k: labels[k])
+        shown, pager = _page_of(keys, request, flt, order=order)
+        page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))
+        rows = (
+            selectors.utilization_by_day(start=start, end=end, filters=page_only) if shown else []
+        )
+    else:
+        # Utilisation only (no money), per GPU and day, straight from the daily sums.
+        rows = selectors.utilization_by_day(start=start, end=end, filters=flt.filters)
+        labels = {r.key: r.name for r in rows}
+        keys = list(labels)
+        if order == "util":  # percentages (0.1 %) of every GPU: the order uses them
+            every = {r.key: percents(r.values) for r in rows}
+
+            def mean(k: str) -> float:
+                vals = [v for v in every[k] if v is not None]
+                return sum(vals) / len(vals) if vals else -1.0  # display order only
+
+            keys.sort(key=mean)
+        else:
+            keys.sort(key=lambda k: labels[k])
+        shown, pager = _page_of(keys, request, flt, order=order)
+    # Percentages (0.1 %) of the GPUs drawn only.
+    values = {r.key: r.values for r in rows}
+    blank: list[float | None] = [None] * len(days)
     figure = charts.utilization_heatmap(
         gpu_labels=[labels[k] for k in shown],
         columns=[d.isoformat() for d in days],
-        z=[matrix[k] if k in matrix else percents(k) for k in shown],
+        z=[percents(values.get(k, blank)) for k in shown],
         by="day",
     )
     return render(

@@ -9,6 +9,7 @@ the daily table (PostgreSQL), ``cost_rows_by`` (several groupings from one compu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 from decimal import Decimal
@@ -260,3 +261,58 @@ def _daily_state_present(request: Any) -> None:
     from telemetry.rollup import daily_usage_ensure
 
     daily_usage_ensure()
+
+
+@needs_postgres
+@pytest.mark.parametrize("flt", FILTERS)
+def test_utilization_listed_is_the_heatmap_rows_without_values(
+    awkward: dict[str, Any], fleet: FleetBuilder, flt: selectors.Filters
+) -> None:
+    """The heatmap by name lists every GPU, then reads the values of one page only: the
+    same GPUs, names and order as the whole computation, and a page's rows are its rows."""
+    # In no service (no start, never seen) but with rows: listed because of its rows.
+    unserved = fleet.gpu("GPU-unserved", node=awkward["steady"].node, index=7)
+    fleet.save([fleet.usage(unserved, at("2026-03-04T05"), samples=60, observed_s=3600)])
+    fleet.gpu("GPU-empty", node=awkward["steady"].node, index=8)  # no service, no rows
+    full = selectors.utilization_by_day(start=START, end=END, filters=flt, now=NOW)
+    listed = selectors.utilization_listed(start=START, end=END, filters=flt, now=NOW)
+    if flt.sites or flt.pools or flt.teams:
+        assert listed is None  # the filters decide per row: only the whole computation
+        return
+    assert listed == [(r.key, r.name) for r in full]
+    assert "GPU-unserved" in dict(listed) and "GPU-empty" not in dict(listed)
+    page = tuple(key for key, _name in listed[::2])
+    part = selectors.utilization_by_day(
+        start=START, end=END, filters=dataclasses.replace(flt, gpus=page), now=NOW
+    )
+    want = [r for r in full if r.key in page]
+    assert [(r.key, r.name) for r in part] == [(r.key, r.name) for r in want]
+    for got, wanted in zip(part, want, strict=True):
+        # Sums of the same rows, read in another order when fewer GPUs are asked for.
+        for value, expected in zip(got.values, wanted.values, strict=True):
+            assert (value is None) == (expected is None), got.key
+            if value is not None:
+                assert value == pytest.approx(expected, rel=1e-12, abs=1e-12), got.key
+
+
+@needs_postgres
+def test_daily_table_in_a_zone_behind_utc(awkward: dict[str, Any], fleet: FleetBuilder) -> None:
+    """Days, weeks and months of the daily table built for a zone behind UTC (the database
+    truncates its days to weeks and months at the session's midnight), across a daylight
+    saving change (New York, 2026-03-08), are those of the hourly rows."""
+    from telemetry.models import DailyUsageState
+    from telemetry.rollup import daily_usage_rebuild
+
+    fleet.settings(report_time_zone="America/New_York")
+    daily_usage_rebuild()
+    assert DailyUsageState.objects.get().zone == "America/New_York"
+    cases = [(g, p) for g in ("fleet", "gpu", "pool") for p in selectors.PERIODS]
+    fast = {
+        c: selectors.cost_rows(start=START, end=END, group_by=c[0], period=c[1], now=NOW)
+        for c in cases
+    }
+    plain_path()
+    for c in cases:
+        want = selectors.cost_rows(start=START, end=END, group_by=c[0], period=c[1], now=NOW)
+        assert want, c
+        assert_rows_equal(fast[c], want)
