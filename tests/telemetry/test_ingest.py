@@ -631,6 +631,34 @@ def test_last_seen_resolution(agent: Any, base: Any, postgres: Any, one_statemen
         )
 
 
+def test_prepared_statements_survive_partition_changes(
+    agent: Any, base: Any, postgres: Any
+) -> None:
+    """Ingest's statements are prepared once per connection; creating and dropping daily
+    partitions (the periodic tasks) in between must not break them."""
+    from unittest import mock
+
+    from telemetry.partitions import partitions_maintain, retention_apply
+
+    a = agent()
+    assert a.post(push([sample("GPU-p", base)], [gpu_block("GPU-p")])).status_code == 200
+
+    def both_paths(minute: int) -> list[int]:
+        accepted = []
+        for limit in (64, 0):  # the one prepared statement; COPY and the prepared seen/marks
+            with mock.patch("telemetry.ingest_store.ONE_STATEMENT_MAX_ROWS", limit):
+                r = a.post(push([sample("GPU-p", base + dt.timedelta(minutes=minute + limit))]))
+            accepted.append(r.json()["accepted"])
+        return accepted
+
+    assert both_paths(1) == [1, 1]  # prepares both
+    later = timezone.now() + dt.timedelta(days=10)
+    assert partitions_maintain(now=later)  # new partitions attached
+    retention_apply(now=later)  # old ones dropped
+    assert both_paths(2) == [1, 1]
+    assert stored() == 5
+
+
 @pytest.mark.parametrize("one_statement_max", [0, 10_000])
 def test_duplicates_counted_on_both_paths(
     agent: Any, base: Any, postgres: Any, one_statement_max: int
