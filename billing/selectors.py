@@ -398,22 +398,69 @@ def _gpu_rows(gpu_qs: QuerySet[Gpu]) -> list[SimpleNamespace]:
     return out
 
 
-def _gpu_info(gpu: Gpu, profiles: dict[tuple[str, str], CostProfile], now: dt.datetime) -> _GpuInfo:
+# Per cost profile, service start and retirement: the terms, the rates of the three phases
+# and the hour depreciation ends in (the same for a whole batch of GPUs bought together).
+_Rates = tuple[cm.CostTerms | None, tuple[Decimal, Decimal, Decimal], dt.datetime | None]
+
+
+def _rates(
+    profile: CostProfile | None,
+    service_start: dt.datetime | None,
+    retired_at: dt.datetime | None,
+    now: dt.datetime,
+) -> _Rates:
+    terms = _terms(profile)
+    depreciating = cm.fixed_rate_per_hour(terms=terms, depreciating=True)
+    if terms is None or not terms.owned or service_start is None:
+        return terms, (depreciating, depreciating, depreciating), None
+    end = cm.depreciation_end(
+        service_start=service_start, depreciation_years=terms.depreciation_years
+    )
+    boundary_hour = _floor_hour(end)
+    hour_end = boundary_hour + cm.ONE_HOUR
+    # The pro-rata rate of the hour depreciation ends in, over the part of it in service.
+    span = cm.capacity_interval(
+        service_start=service_start,
+        retired_at=retired_at,
+        start=boundary_hour,
+        end=hour_end,
+        now=now,
+    ) or (boundary_hour, hour_end)
+    split = cm.mean_fixed_rate_per_hour(
+        terms=terms, service_start=service_start, start=span[0], end=span[1]
+    )
+    after = cm.fixed_rate_per_hour(terms=terms, depreciating=False)
+    return terms, (depreciating, split, after), boundary_hour
+
+
+def _gpu_info(
+    gpu: Gpu,
+    profiles: dict[tuple[str, str], CostProfile],
+    now: dt.datetime,
+    rates: dict[tuple[Any, ...], _Rates] | None = None,
+) -> _GpuInfo:
+    """``rates``: a cache of ``_rates`` for the GPUs of one load (one ``now``)."""
     node = gpu.node
     pool = node.pool if node.pool_id else None
     site = node.site if node.site_id else (pool.site if pool is not None and pool.site_id else None)
     team_id = gpu.team_id or (pool.team_id if pool is not None else None)
-    terms = _terms(
-        cm.cost_profile_resolve(
-            profiles=profiles,
-            gpu_uuid=gpu.uuid,
-            hostname=node.hostname,
-            pool_name=pool.name if pool is not None else None,
-            site_name=site.name if site is not None else None,
-        )
+    profile = cm.cost_profile_resolve(
+        profiles=profiles,
+        gpu_uuid=gpu.uuid,
+        hostname=node.hostname,
+        pool_name=pool.name if pool is not None else None,
+        site_name=site.name if site is not None else None,
     )
+    service_start = gpu.in_service_at or gpu.first_seen_at
+    key = (profile.pk if profile is not None else None, service_start, gpu.retired_at)
+    found = rates.get(key) if rates is not None else None
+    if found is None:
+        found = _rates(profile, service_start, gpu.retired_at, now)
+        if rates is not None:
+            rates[key] = found
+    terms, phase_rates, boundary_hour = found
     model = gpu.model if gpu.model_id else None
-    info = _GpuInfo(
+    return _GpuInfo(
         id=gpu.pk,
         uuid=gpu.uuid,
         label=f"{node.hostname}#{gpu.index}" if gpu.index is not None else node.hostname,
@@ -425,32 +472,13 @@ def _gpu_info(gpu: Gpu, profiles: dict[tuple[str, str], CostProfile], now: dt.da
         pool_id=pool.pk if pool is not None else None,
         team_id=team_id,
         site_id=site.pk if site is not None else None,
-        service_start=gpu.in_service_at or gpu.first_seen_at,
+        service_start=service_start,
         retired_at=gpu.retired_at,
         last_seen_at=gpu.last_seen_at,
         terms=terms,
+        boundary_hour=boundary_hour,
+        rates=phase_rates,
     )
-    depreciating = cm.fixed_rate_per_hour(terms=terms, depreciating=True)
-    info.rates = (depreciating, depreciating, depreciating)
-    if terms is not None and terms.owned and info.service_start is not None:
-        end = cm.depreciation_end(
-            service_start=info.service_start, depreciation_years=terms.depreciation_years
-        )
-        info.boundary_hour = _floor_hour(end)
-        hour_end = info.boundary_hour + cm.ONE_HOUR
-        # The pro-rata rate of the hour depreciation ends in, over the part of it in service.
-        span = cm.capacity_interval(
-            service_start=info.service_start,
-            retired_at=info.retired_at,
-            start=info.boundary_hour,
-            end=hour_end,
-            now=now,
-        ) or (info.boundary_hour, hour_end)
-        split = cm.mean_fixed_rate_per_hour(
-            terms=terms, service_start=info.service_start, start=span[0], end=span[1]
-        )
-        info.rates = (depreciating, split, cm.fixed_rate_per_hour(terms=terms, depreciating=False))
-    return info
 
 
 def _validate(*, start: dt.date, end: dt.date, period: str, group_by: str = "fleet") -> None:
@@ -752,6 +780,9 @@ class _Loaded:
     names: _Names
     gpus: dict[int, _GpuInfo]
     daily_zone: bool
+    # The day in progress from hourly rows, summed per GPU and attribution: one bucket for
+    # every period, so the overview's two periods read it once. Key: (from, to, split GPUs).
+    in_progress: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def _load(*, start: dt.date, end: dt.date, filters: Filters, now: dt.datetime | None) -> _Loaded:
@@ -767,8 +798,9 @@ def _load(*, start: dt.date, end: dt.date, filters: Filters, now: dt.datetime | 
     if filters.gpus:
         gpu_qs = gpu_qs.filter(uuid__in=filters.gpus)
     gpus: dict[int, _GpuInfo] = {}
+    rates: dict[tuple[Any, ...], _Rates] = {}
     for gpu in _gpu_rows(gpu_qs):
-        gpus[gpu.pk] = _gpu_info(gpu, profiles, now)  # type: ignore[arg-type]
+        gpus[gpu.pk] = _gpu_info(gpu, profiles, now, rates)  # type: ignore[arg-type]
         names.nodes[gpu.node_id] = gpu.node.hostname
     return _Loaded(
         now=now,
@@ -828,9 +860,15 @@ def _compute(
                 for gpu_id, days in pooled_days.items():
                     by_range[days].append(gpu_id)
                 unpooled = [g for g in gpus if g not in pooled_days]
-                wanted = Q(gpu_id__in=unpooled) if unpooled else Q(pk__in=[])
-                for (first, last), ids in by_range.items():
-                    wanted |= Q(gpu_id__in=ids) & (Q(day__lt=first) | Q(day__gte=last))
+                if len(by_range) == 1 and not unpooled:
+                    # Every GPU pooled over one span (the rule): the days outside it, with no
+                    # list of ids (other GPUs' rows find no GPU below and are left out).
+                    ((first, last),) = by_range
+                    wanted = Q(day__lt=first) | Q(day__gte=last)
+                else:
+                    wanted = Q(gpu_id__in=unpooled) if unpooled else Q(pk__in=[])
+                    for (first, last), ids in by_range.items():
+                        wanted |= Q(gpu_id__in=ids) & (Q(day__lt=first) | Q(day__gte=last))
                 dailies = dailies.filter(wanted)
             dailies = _filtered(dailies, filters)
             fields = ["gpu_id", "node_id", "pool_id", "team_id", "site_id"]
@@ -846,10 +884,16 @@ def _compute(
                     row["bucket"] = row.pop("day")
                 sum_rows.append(row)
         if hourly_from < capacity_end:
-            rest = HourlyUsage.objects.filter(hour__gte=hourly_from, hour__lt=capacity_end)
-            if split_ids:
-                rest = rest.exclude(gpu_id__in=split_ids)
-            sum_rows += _summed_hourly(rest, filters, period=period, zone=zone, whens=[])
+            # The day in progress: hourly rows of one local day (``day``), up to now.
+            progress_key = (hourly_from, capacity_end, tuple(split_ids))
+            rest_rows = loaded.in_progress.get(progress_key)
+            if rest_rows is None:
+                rest = HourlyUsage.objects.filter(hour__gte=hourly_from, hour__lt=capacity_end)
+                if split_ids:
+                    rest = rest.exclude(gpu_id__in=split_ids)
+                rest_rows = _summed_hourly(rest, filters, period="all", zone=zone, whens=[])
+                loaded.in_progress[progress_key] = rest_rows
+            sum_rows += rest_rows if period == "all" else [{**r, "bucket": day} for r in rest_rows]
         hourly = HourlyUsage.objects.filter(
             gpu_id__in=split_ids, hour__gte=window_start, hour__lt=capacity_end
         )
@@ -1314,13 +1358,14 @@ def _utilization_load(
         gpu_qs = gpu_qs.filter(model__key__in=filters.models)
     if filters.gpus:
         gpu_qs = gpu_qs.filter(uuid__in=filters.gpus)
+    rates: dict[tuple[Any, ...], _Rates] = {}  # no money here: no profiles
     return _UtilizationLoad(
         zone=zone,
         buckets=_buckets(start, end, "day", zone),
         window_start=window_start,
         capacity_end=capacity_end,
         now=now,
-        gpus={g.pk: _gpu_info(g, {}, now) for g in _gpu_rows(gpu_qs)},  # type: ignore[arg-type]
+        gpus={g.pk: _gpu_info(g, {}, now, rates) for g in _gpu_rows(gpu_qs)},  # type: ignore[arg-type]
         sql=_daily_zone(zone) and not _by_attribution(filters),
     )
 
