@@ -987,6 +987,8 @@ def _compute(
             if span is None:
                 continue
             for phase, lo, hi in info.phase_intervals():
+                if (lo and lo >= span[1]) or (hi and hi <= span[0]):
+                    continue  # no capacity in this phase: no offline hours
                 capacity_h = cm.hours_between(
                     start=max(span[0], lo) if lo else span[0],
                     end=min(span[1], hi) if hi else span[1],
