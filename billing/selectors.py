@@ -780,8 +780,9 @@ class _Loaded:
     names: _Names
     gpus: dict[int, _GpuInfo]
     daily_zone: bool
-    # The day in progress from hourly rows, summed per GPU and attribution: one bucket for
-    # every period, so the overview's two periods read it once. Key: (from, to, split GPUs).
+    # The day in progress from hourly rows, summed per GPU and attribution (period "all"):
+    # one bucket of any period, so the overview's trend reuses its summary's. Key: (from,
+    # to, split GPUs).
     in_progress: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict)
 
 
@@ -884,16 +885,20 @@ def _compute(
                     row["bucket"] = row.pop("day")
                 sum_rows.append(row)
         if hourly_from < capacity_end:
-            # The day in progress: hourly rows of one local day (``day``), up to now.
+            # The day in progress: hourly rows of one local day (``day``), up to now. Read
+            # per period as ever, except that the overview's trend takes its summary's.
             progress_key = (hourly_from, capacity_end, tuple(split_ids))
             rest_rows = loaded.in_progress.get(progress_key)
-            if rest_rows is None:
+            if rest_rows is not None and period != "all":
+                sum_rows += [{**r, "bucket": day} for r in rest_rows]
+            else:
                 rest = HourlyUsage.objects.filter(hour__gte=hourly_from, hour__lt=capacity_end)
                 if split_ids:
                     rest = rest.exclude(gpu_id__in=split_ids)
-                rest_rows = _summed_hourly(rest, filters, period="all", zone=zone, whens=[])
-                loaded.in_progress[progress_key] = rest_rows
-            sum_rows += rest_rows if period == "all" else [{**r, "bucket": day} for r in rest_rows]
+                rest_rows = _summed_hourly(rest, filters, period=period, zone=zone, whens=[])
+                if period == "all":
+                    loaded.in_progress[progress_key] = rest_rows
+                sum_rows += rest_rows
         hourly = HourlyUsage.objects.filter(
             gpu_id__in=split_ids, hour__gte=window_start, hour__lt=capacity_end
         )
