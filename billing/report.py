@@ -33,7 +33,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from billing import report_chart, selectors
-from billing.api.serializers import money_str
+from billing.formatting import MISSING, money, pct
 from billing.models import WeeklyReport
 from fleet.models import FleetSettings, Gpu, Pool
 
@@ -101,14 +101,6 @@ def week_due(now: dt.datetime | None = None) -> dt.date | None:
 # --- content ----------------------------------------------------------------------------------
 
 
-def pct(value: float | None, places: int = 1) -> str:
-    return "—" if value is None else f"{value * 100:.{places}f} %"
-
-
-def money(value: Decimal | None, currency: str) -> str:
-    return "—" if value is None else f"{currency} {money_str(value)}"
-
-
 @dataclass
 class Headline:
     """One headline figure, this week against last."""
@@ -116,7 +108,7 @@ class Headline:
     label: str
     value: str
     previous: str
-    change: str  # "+2.5 pp", "−12.0 %", "—"
+    change: str  # "+2.5 pp", "−12.0 %", "–" (MISSING)
     trend: str  # "up", "down" or "" (flat / not comparable)
     good: bool | None  # whether the change is good news (None: neutral)
 
@@ -129,14 +121,14 @@ def _change(
     higher_is_better: bool | None = None,
 ) -> tuple[str, str, bool | None]:
     if current is None or previous is None:
-        return "—", "", None
+        return MISSING, "", None
     cur, prev = float(current), float(previous)
     if points:  # utilisation: the change in percentage points is what people compare
         delta = (cur - prev) * 100
         text = f"{delta:+.1f} pp"
     else:
         if prev == 0:
-            return ("new" if cur else "—"), ("up" if cur else ""), None
+            return ("new" if cur else MISSING), ("up" if cur else ""), None
         delta = (cur - prev) / abs(prev) * 100
         text = f"{delta:+.1f} %"
     if round(delta, 1) == 0:
@@ -220,7 +212,7 @@ def headlines(row: selectors.CostRow, prev: selectors.CostRow) -> list[Headline]
 
 
 def _hours(value: float | None) -> str:
-    return "—" if value is None else f"{value:.1f} h"
+    return MISSING if value is None else f"{value:.1f} h"
 
 
 @dataclass

@@ -26,12 +26,9 @@ from billing.dashboard import (
     blocks,
     dashboard_filters,
     gpu_cost_profile,
-    money,
-    money_short,
-    num,
-    pct,
     range_bounds,
 )
+from billing.formatting import money, money_short, num, pct
 from billing.forms import BreakevenForm
 from fleet.models import Gpu
 from fleet.selectors import gpus_with_attribution

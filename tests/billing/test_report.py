@@ -128,21 +128,21 @@ def test_weekly_report_over_smtp_equals_the_api(
     message = smtp.messages()[0]
     assert message["From"] == "gpufleet@example.com"
     assert message["Subject"] == (
-        "GPU fleet 2026-W10: 37.5 % utilisation, idle cost USD 12.05 (new w/w)"
+        "GPU fleet 2026-W10: 37.5 % utilisation, idle cost 12.05 USD (new w/w)"
     )
     text, html, images = parts(message)
 
     # By hand (DESIGN.md §3) …
     for line in [
-        "- Utilisation: 37.5 % (last week —, —)",
-        "- Hours in the air per GPU per day: 9.0 h (last week —, —)",
-        "- Total cost: USD 20.31 (last week USD 0.00, new)",
-        "- Idle cost: USD 12.05 (last week USD 0.00, new)",
-        "- Cost per air hour: USD 2.26 (last week —, —)",
+        "- Utilisation: 37.5 % (last week –, –)",
+        "- Hours in the air per GPU per day: 9.0 h (last week –, –)",
+        "- Total cost: 20.31 USD (last week 0.00 USD, new)",
+        "- Idle cost: 12.05 USD (last week 0.00 USD, new)",
+        "- Cost per air hour: 2.26 USD (last week –, –)",
         "- Energy: 4.95 kWh (last week 0.00 kWh, new)",
         "- CO2e: 2.97 kg (last week 0.00 kg, new)",
-        "1. gpu-07#0 (GPU-example): idle USD 12.05 of USD 20.31, utilisation 37.5 %",
-        "1. research: idle USD 12.05 of USD 20.31, utilisation 37.5 %, 1 GPU(s)",
+        "1. gpu-07#0 (GPU-example): idle 12.05 USD of 20.31 USD, utilisation 37.5 %",
+        "1. research: idle 12.05 USD of 20.31 USD, utilisation 37.5 %, 1 GPU(s)",
         "- inference: utilisation 37.5 %, break-even 33.5 %: owning pays off",
         "- gpu-07#0 (GPU-example): 4.0 h offline this week; still offline, last seen "
         "2026-03-02 20:00",
@@ -161,8 +161,8 @@ def test_weekly_report_over_smtp_equals_the_api(
         ("Idle cost", "idle_cost"),
         ("Cost per air hour", "cost_per_air_hour"),
     ]:
-        assert f"- {label}: {api['currency']} {api[field]} " in text
-        assert f"{api['currency']} {api[field]}" in html
+        assert f"- {label}: {api[field]} {api['currency']} " in text
+        assert f"{api[field]} {api['currency']}" in html
     assert f"- Utilisation: {api['utilization'] * 100:.1f} %" in text
     assert f"- Energy: {api['energy_kwh']:.2f} kWh" in text
     assert f"- CO2e: {api['co2e_kg']:.2f} kg" in text
@@ -207,7 +207,7 @@ def test_report_goes_out_without_the_chart(
     assert message.get_content_type() == "multipart/alternative"
     text, html, images = parts(message)
     assert images == [] and "cid:" not in html
-    assert "- Total cost: USD 20.31" in text
+    assert "- Total cost: 20.31 USD" in text
     if failure == "kaleido_fails":
         assert "chart rendering failed" in caplog.text
 
@@ -348,7 +348,7 @@ def test_beat_task_sends_once_when_due(example_week: Any, settings: Any, no_char
     assert again.startswith("2026-W10 was already delivered")
     (message,) = mail.outbox
     assert message.to == ["cio@example.com"]
-    assert "USD 20.31" in message.body
+    assert "20.31 USD" in message.body
 
 
 def test_send_weekly_report_command(example_week: Any, settings: Any, no_chart: Any) -> None:
