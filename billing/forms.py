@@ -8,7 +8,10 @@ from typing import Any
 
 from django import forms
 
-from fleet.models import GpuModel, Pool, Site, Team
+from fleet.models import FleetSettings, GpuModel, Pool, Site, Team
+from fleet.services import BREAKEVEN_KEYS
+
+PRICE_KEYS = {"api_input_price_per_mtok", "api_output_price_per_mtok", "api_price_per_mtok"}
 
 
 class FilterForm(forms.Form):
@@ -140,11 +143,23 @@ class BreakevenForm(forms.Form):
 
     @classmethod
     def initial_query(cls, pool: str | None) -> dict[str, Any]:
-        """The defaults as submitted data, so the page shows a result on first load."""
+        """The defaults as submitted data, so the page shows a result on first load: the
+        pool's break-even workload from the fleet file, else the fleet's, else the form's own.
+        A pool that names any API price brings all of its prices (none of the fleet's)."""
         form = cls()
         data = {
             name: field.initial for name, field in form.fields.items() if field.initial is not None
         }
+        pool = pool or form.fields["pool"].initial
         if pool:
             data["pool"] = pool
+        fleet = dict(FleetSettings.load().breakeven)
+        own = dict(Pool.objects.filter(name=pool).values_list("breakeven", flat=True).first() or {})
+        if PRICE_KEYS & own.keys():
+            fleet = {k: v for k, v in fleet.items() if k not in PRICE_KEYS}
+        workload = {**fleet, **own}
+        if "api_price_per_mtok" in workload:
+            data["price_mode"] = "blended"
+        for key, value in workload.items():
+            data[BREAKEVEN_KEYS[key][0]] = value
         return data

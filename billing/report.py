@@ -253,6 +253,7 @@ class PoolStatus:
     status: str  # "own" (owning pays), "api" (the API would be cheaper), "never", "idle"
     verdict: str
     savings_per_month: str
+    workload: str = ""  # the workload and API price it was computed at (fleet file)
 
 
 @dataclass
@@ -295,12 +296,13 @@ class WeeklyReportData:
 def _pool_statuses(
     *, start: dt.date, end: dt.date, now: dt.datetime
 ) -> tuple[list[PoolStatus], str]:
-    """Break-even of every pool over the week, with the dashboard's default workload (the
-    break-even page's initial values), so the email and that page agree."""
+    """Break-even of every pool over the week, at the pool's workload (the break-even page's
+    defaults: the fleet file's, else the product's), so the email and that page agree.
+    Returns the statuses and the workload they share ("" when pools differ: each then
+    carries its own)."""
     from billing.forms import BreakevenForm
 
     statuses: list[PoolStatus] = []
-    assumptions = ""
     for pool in Pool.objects.order_by("name").values_list("name", flat=True):
         form = BreakevenForm(BreakevenForm.initial_query(pool))
         if not form.is_valid():
@@ -323,9 +325,9 @@ def _pool_statuses(
             logger.warning("weekly report: break-even of pool %s failed", pool, exc_info=True)
             continue
         cur = result.currency
-        assumptions = (
+        workload = (
             f"{d['tokens_per_s']:,.0f} tokens/s per GPU, API "
-            f"{cur} {result.api_price_per_mtok.quantize(Decimal('0.001'))} per million tokens"
+            f"{money(result.api_price_per_mtok, cur, places=3)} per million tokens"
         )
         u, u_star = result.utilization, result.breakeven_utilization
         if not result.capacity_hours or u is None:
@@ -344,9 +346,11 @@ def _pool_statuses(
                 status=status,
                 verdict=verdict,
                 savings_per_month=money(result.savings_per_month, cur),
+                workload=workload,
             )
         )
-    return statuses, assumptions
+    workloads = {p.workload for p in statuses}
+    return statuses, (workloads.pop() if len(workloads) == 1 else "")
 
 
 def _offline(

@@ -623,9 +623,11 @@ def breakeven(request: HttpRequest) -> HttpResponse:
     utilisation; the money per month either way; owning against renting on demand.
     """
     flt = dashboard_filters(request.GET)
+    # The form was submitted when its own fields are in the query; a pool alone is the filter
+    # bar's (the same name): that pool's defaults, as on first load.
     data: Any = (
         request.GET
-        if "pool" in request.GET
+        if "tokens_per_s" in request.GET
         else BreakevenForm.initial_query(flt.filters.pools[0] if flt.filters.pools else None)
     )
     form = BreakevenForm(data)

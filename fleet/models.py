@@ -33,6 +33,9 @@ class FleetSettings(models.Model):
     target_utilization = models.FloatField(
         default=0.6, validators=[MinValueValidator(0.01), MaxValueValidator(1)]
     )
+    # The break-even workload of pools without their own (fleet file `[breakeven]`; keys in
+    # fleet.services.BREAKEVEN_KEYS): the break-even page's defaults and the weekly email's.
+    breakeven = models.JSONField(default=dict, blank=True)
 
     class Meta:
         verbose_name_plural = "fleet settings"
@@ -95,6 +98,8 @@ class Pool(models.Model):
     name = models.CharField(max_length=100, unique=True)
     site = models.ForeignKey(Site, null=True, blank=True, on_delete=models.PROTECT)
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL)
+    # This pool's break-even workload (fleet file `pools[].breakeven`), over the fleet's.
+    breakeven = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]

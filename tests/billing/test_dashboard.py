@@ -192,6 +192,49 @@ def test_break_even_form_recomputes(role_client):
     assert bad.status_code == 200 and "kpi-ustar" not in bad.content.decode()
 
 
+def test_break_even_defaults_are_the_fleet_files_workload(role_client):
+    """Opened without form values, the page computes at the pool's workload from the fleet
+    file, else the fleet's: the same u* as the form submitted with those values."""
+    from fleet.models import FleetSettings, Pool
+
+    make_fleet(2)
+    client = role_client("finance")
+
+    def u_star(**params: str) -> str:
+        html = client.get(_url("breakeven", pool="training", **params)).content.decode()
+        match = re.search(r'id="kpi-ustar">.*?<p class="value">([^<]+)<', html, re.S)
+        assert match, html[-2000:]
+        return match.group(1)
+
+    FleetSettings.objects.filter(pk=FleetSettings.load().pk).update(
+        breakeven={"tokens_per_s_per_gpu": 1000.0, "api_price_per_mtok": "0.60"}
+    )
+    blended = {"price_mode": "blended", "api_price_per_mtok": "0.60"}
+    assert u_star() == u_star(tokens_per_s="1000", **blended)
+    # The pool's own throughput over the fleet's; the fleet's blended price still applies.
+    Pool.objects.filter(name="training").update(breakeven={"tokens_per_s_per_gpu": 4000.0})
+    assert (
+        u_star() == u_star(tokens_per_s="4000", **blended) != u_star(tokens_per_s="1000", **blended)
+    )
+    # A pool that names its own prices brings all of them: split prices, the form's share.
+    Pool.objects.filter(name="training").update(
+        breakeven={
+            "tokens_per_s_per_gpu": 4000.0,
+            "api_input_price_per_mtok": "0.30",
+            "api_output_price_per_mtok": "2.00",
+        }
+    )
+    split = {
+        "price_mode": "split",
+        "api_input_price_per_mtok": "0.30",
+        "api_output_price_per_mtok": "2.00",
+        "output_share": "0.25",
+    }
+    assert (
+        u_star() == u_star(tokens_per_s="4000", **split) != u_star(tokens_per_s="4000", **blended)
+    )
+
+
 @pytest.mark.parametrize(
     "page", ["overview", "fleet-board", "heatmap", "chargeback", "breakeven", "gpu-detail"]
 )

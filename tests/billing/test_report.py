@@ -372,3 +372,45 @@ def test_send_weekly_report_command(example_week: Any, settings: Any, no_chart: 
             run(*bad)
     settings.WEEKLY_REPORT_RECIPIENTS = []
     assert run("--week", "2026-W09").endswith("WEEKLY_REPORT_RECIPIENTS is empty")
+
+
+def test_break_even_per_pool_at_its_fleet_file_workload(example_week: Any, no_chart: Any) -> None:
+    """Each pool's break-even is computed at its workload from the fleet file (else the
+    product's defaults), and the email says which workload each line is at."""
+    from decimal import Decimal
+
+    from billing import selectors
+    from billing.formatting import pct
+    from fleet.models import Pool
+
+    Pool.objects.filter(name="inference").update(
+        breakeven={"tokens_per_s_per_gpu": 1000.0, "api_price_per_mtok": "0.60"}
+    )
+    Pool.objects.create(name="batch")  # no GPUs, no workload of its own: the defaults
+    data = report.weekly_report_build(week_start=WEEK, now=EXAMPLE_NOW)
+    by_pool = {p.pool: p for p in data.pools}
+    assert data.breakeven_assumptions == ""  # the pools' workloads differ
+    # 1,000 tokens/s at 0.60 blended; the defaults: 2,000 at 0.75 × 0.20 + 0.25 × 0.80 = 0.35.
+    assert by_pool["inference"].workload == (
+        "1,000 tokens/s per GPU, API 0.600 USD per million tokens"
+    )
+    assert by_pool["batch"].workload == "2,000 tokens/s per GPU, API 0.350 USD per million tokens"
+    assert by_pool["batch"].status == "idle"
+    at_workload = selectors.breakeven_compute(
+        pool="inference",
+        start=WEEK,
+        end=WEEK + dt.timedelta(days=7),
+        tokens_per_s=1000.0,
+        api_price_per_mtok=Decimal("0.60"),
+        api_input_price_per_mtok=None,
+        api_output_price_per_mtok=None,
+        output_share=None,
+        now=EXAMPLE_NOW,
+    )
+    u_star = pct(at_workload.breakeven_utilization)
+    assert by_pool["inference"].breakeven == u_star != "33.5 %"  # 33.5 % at the defaults
+    text = report.weekly_report_render(data, with_chart=False).text
+    assert (
+        "- inference (at 1,000 tokens/s per GPU, API 0.600 USD per million tokens): "
+        f"utilisation 37.5 %, break-even {u_star}"
+    ) in text

@@ -49,6 +49,18 @@ def test_example_file_applies_and_second_apply_changes_nothing(capsys):
         Decimal("0.10"),
     )
     assert apply(EXAMPLE, capsys) == f"applied {EXAMPLE}: no changes"
+    assert fs.breakeven == {
+        "tokens_per_s_per_gpu": 2000.0,
+        "api_input_price_per_mtok": "0.20",
+        "api_output_price_per_mtok": "0.80",
+        "output_share": 0.25,
+        "rental_rate_per_hour": "2.35",
+    }
+    assert Pool.objects.get(name="inference").breakeven == {
+        "tokens_per_s_per_gpu": 3500.0,
+        "api_price_per_mtok": "0.30",
+    }
+    assert Pool.objects.get(name="training").breakeven == {}
 
 
 def test_changed_file_updates_only_what_changed_and_drops_removed_profiles(tmp_path, capsys):
@@ -98,6 +110,30 @@ def test_naive_dates_are_in_the_report_time_zone(tmp_path, capsys):
         (lambda t: t + '\n[[gpus]]\nuuid = "GPU-x"\n', "gpus[1].node: required"),
         (lambda t: t.replace("Europe/Berlin", "Mars/Olympus", 1), "report_time_zone: unknown"),
         (lambda t: t + "\nthis is = = not toml", "not valid TOML"),
+        (
+            lambda t: t.replace("tokens_per_s_per_gpu = 2000", "tokens_per_s = 2000"),
+            "breakeven.tokens_per_s: unknown",
+        ),
+        (
+            lambda t: t.replace("tokens_per_s_per_gpu = 2000", "tokens_per_s_per_gpu = 0"),
+            "breakeven.tokens_per_s_per_gpu: must be > 0",
+        ),
+        (
+            lambda t: t.replace("output_share = 0.25", "output_share = 1.5"),
+            "breakeven.output_share: must be within 0–1",
+        ),
+        (
+            lambda t: t.replace('api_price_per_mtok = "0.30"', "api_price_per_mtok = 0.30"),
+            "pools[1].breakeven.api_price_per_mtok: money must be a string",
+        ),
+        (
+            lambda t: t.replace(
+                'api_price_per_mtok = "0.30" }',
+                'api_price_per_mtok = "0.30", output_share = 0.2, '
+                'api_input_price_per_mtok = "0.1" }',
+            ),
+            "pools[1].breakeven: give either api_price_per_mtok",
+        ),
     ],
 )
 def test_bad_files_name_the_field_and_change_nothing(tmp_path, mutation, message):
