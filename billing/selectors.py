@@ -512,10 +512,15 @@ def _filtered(rows: QuerySet[Any], filters: Filters) -> QuerySet[Any]:
 
 def _summed(rows: QuerySet[Any], fields: list[str]) -> list[dict[str, Any]]:
     """The rollup sums of ``rows`` per ``fields``, as dicts. The statement is Django's, the
-    values as the database sends them: Django's per-value converters (``float`` of a float,
+    values as PostgreSQL sends them: Django's per-value converters (``float`` of a float,
     ``int`` of an integer, a bucket made aware and back) cost more than the query on a large
     fleet. A bucket is a date, or a local midnight as a datetime (see ``_compute``)."""
-    query = rows.values(*fields).annotate(**{f: Sum(f) for f in _SUM_FIELDS}).order_by().query
+    summed = rows.values(*fields).annotate(**{f: Sum(f) for f in _SUM_FIELDS}).order_by()
+    if connection.vendor != "postgresql":
+        # SQLite sends dates and datetimes as text: it needs Django's converters (and its
+        # fleets are small).
+        return list(summed)
+    query = summed.query
     with connection.cursor() as cursor:
         cursor.execute(*query.sql_with_params())
         names = [column.name for column in cursor.description]
