@@ -224,7 +224,11 @@ def test_a_week_is_delivered_once(example_week: Any, smtp: Any, no_chart: Any) -
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_senders_racing_send_one_email(example_week: Any, smtp: Any, no_chart: Any) -> None:
+def test_two_senders_racing_send_one_email(
+    example_week: Any, smtp: Any, no_chart: Any, postgres: Any
+) -> None:
+    """Two threads claim the week at once: PostgreSQL's row locks decide (SQLite's database
+    lock makes the loser fail instead of wait, which is not the production race)."""
     barrier = threading.Barrier(2)
     results: list[str] = []
     errors: list[BaseException] = []
