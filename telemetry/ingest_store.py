@@ -138,28 +138,45 @@ SELECT date_trunc('hour', start, 'UTC'), count(*) FROM inserted GROUP BY 1
 # a rolled-back CREATE leaves no table behind).
 _staged_sessions: weakref.WeakSet[Any] = weakref.WeakSet()
 
+# Whether every GPU the caller validated against a cached map (``verify``) still has that owner
+# and total memory: true when none was (the arrays are then empty). Its four parameters come
+# from :func:`_gpus_match_params`. Both write statements use it, and write nothing when false.
+_GPUS_MATCH = """(
+    SELECT count(*) FROM fleet_gpu AS g
+    JOIN unnest(%s::int8[], %s::int8[], %s::int8[]) AS c(id, node_id, mem)
+    ON g.id = c.id AND g.node_id = c.node_id
+    AND g.memory_total_bytes IS NOT DISTINCT FROM c.mem
+) = %s"""
+# The node token ``%s`` (the one parameter) exists and is not revoked.
+_TOKEN_LIVE = "SELECT 1 FROM fleet_nodetoken WHERE id = %s AND revoked_at IS NULL"
+
+
+def _gpus_match_params(
+    verify: Mapping[int, tuple[int, int | None]] | None, gpu_ids: Sequence[int]
+) -> list[Any]:
+    """The parameters of :data:`_GPUS_MATCH` for the GPUs ``gpu_ids`` (none without verify)."""
+    checks = [(i, *verify.get(i, (None, None))) for i in gpu_ids] if verify else []
+    return [[c[0] for c in checks], [c[1] for c in checks], [c[2] for c in checks], len(checks)]
+
+
 # After the direct COPY, one statement: the GPUs' first/last seen and the hour marks (a
-# data-modifying CTE, so a push costs one round trip here, not two). When the caller validated
-# against a cached view of the GPUs (``verify``), the count of GPUs that still match it (owner
-# and total memory) tells the caller whether its view was stale; it then rolls back.
+# data-modifying CTE, so a push costs one round trip here, not two), only when the GPUs still
+# match the caller's cached view (``verify``); false tells the caller to roll back.
 _GPU_SEEN = f"""
-WITH p AS (
-    SELECT * FROM unnest(
-        %s::int8[], %s::timestamptz[], %s::timestamptz[], %s::int8[], %s::int8[], %s::bool[]
-    ) AS p(id, first_start, last_end, node_id, mem, checked)
-), matching AS (
-    SELECT count(*) AS n FROM fleet_gpu AS g JOIN p ON g.id = p.id
-    WHERE NOT p.checked OR (
-        g.node_id = p.node_id AND g.memory_total_bytes IS NOT DISTINCT FROM p.mem)
+WITH ok AS (
+    SELECT {_GPUS_MATCH} AS gpus
+), p AS (
+    SELECT * FROM unnest(%s::int8[], %s::timestamptz[], %s::timestamptz[])
+        AS p(id, first_start, last_end)
 ), seen AS (
     UPDATE fleet_gpu AS g SET {_SEEN_SET}
-    FROM p WHERE g.id = p.id AND {_SEEN_DUE}
+    FROM p WHERE g.id = p.id AND {_SEEN_DUE} AND (SELECT gpus FROM ok)
 ), marked AS (
     {MARK_INSERT}
-    SELECT unnest(%s::timestamptz[]), 1, %s::timestamptz
+    SELECT unnest(%s::timestamptz[]), 1, %s::timestamptz WHERE (SELECT gpus FROM ok)
     {MARK_CONFLICT}
 )
-SELECT n FROM matching
+SELECT gpus FROM ok
 """  # noqa: S608 - constants of this module
 _DIRECT_COPY = f"COPY telemetry_sample ({_COLS}) FROM STDIN (FORMAT BINARY)"
 
@@ -177,14 +194,8 @@ _ONE_STATEMENT = f"""
 WITH v AS (
     SELECT * FROM json_to_recordset(%s::json) AS r({_ROWS_TYPES})
 ), ok AS (
-    SELECT (
-        SELECT count(*) FROM fleet_gpu AS g
-        JOIN unnest(%s::int8[], %s::int8[], %s::int8[]) AS c(id, node_id, mem)
-        ON g.id = c.id AND g.node_id = c.node_id
-        AND g.memory_total_bytes IS NOT DISTINCT FROM c.mem
-    ) = %s AS gpus,
-    (%s::int8 IS NULL OR EXISTS (
-        SELECT 1 FROM fleet_nodetoken WHERE id = %s AND revoked_at IS NULL)) AS token
+    SELECT {_GPUS_MATCH} AS gpus,
+    (%s::int8 IS NULL OR EXISTS ({_TOKEN_LIVE})) AS token
 ), inserted AS (
     INSERT INTO telemetry_sample ({_COLS})
     SELECT {_COLS} FROM v WHERE (SELECT gpus AND token FROM ok)
@@ -247,20 +258,10 @@ def samples_store_one_statement(
     ``verify`` and a GPU that no longer matches, nothing is written and :class:`StaleGpus` is
     raised.
     """
-    checks = sorted({row[0] for row in rows}) if verify else []
-    owners: list[int | None] = []
-    mems: list[int | None] = []
-    for gpu_id in checks:
-        owner, mem = verify.get(gpu_id, (None, None)) if verify else (None, None)
-        owners.append(owner)
-        mems.append(mem)
     node = node_update or NodeUpdate(node_id=0)
     params: list[Any] = [
         msgspec.json.encode([dict(zip(COLUMNS, row, strict=True)) for row in rows]).decode(),
-        checks,
-        owners,
-        mems,
-        len(checks),
+        *_gpus_match_params(verify, sorted({row[0] for row in rows})),
         token_id,
         token_id,
         now,
@@ -317,9 +318,7 @@ class TokenRevoked(Exception):
 def token_valid(token_id: int) -> bool:
     """Whether node token ``token_id`` still exists and is not revoked."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT 1 FROM fleet_nodetoken WHERE id = %s AND revoked_at IS NULL", [token_id]
-        )
+        cursor.execute(_TOKEN_LIVE, [token_id])
         return cursor.fetchone() is not None
 
 
@@ -392,25 +391,22 @@ def _store_direct(
         seen = _seen_per_gpu(rows, now)
         # In id order, so two pushes of one node lock their GPUs' rows in the same order.
         ids = sorted(seen)
-        expected = [verify.get(i) if verify is not None else None for i in ids]
         params: list[Any] = [
+            *_gpus_match_params(verify, ids),
             ids,
             [seen[i][0] for i in ids],
             [seen[i][1] for i in ids],
-            [e[0] if e else None for e in expected],
-            [e[1] if e else None for e in expected],
-            [e is not None for e in expected],
             # Hours of the distinct starts: a 1,000-sample batch has ~125 starts in 3 hours.
             sorted({_hour(start) for start in {row[1] for row in rows}}),
             now,
         ]
         with prepared_cursor() as prepared:
             prepared.execute(_GPU_SEEN, params)
-            (touched,) = prepared.fetchone()
-    if verify is not None and touched != len(seen):
+            (gpus_ok,) = prepared.fetchone()
+    if not gpus_ok:
         # A GPU was moved to another node, deleted, or its memory changed since the cache
         # was filled: the caller rolls back and validates again.
-        raise StaleGpus(f"{len(seen) - touched} GPU(s) changed since they were read")
+        raise StaleGpus("a GPU changed since it was read")
     return len(rows)
 
 
