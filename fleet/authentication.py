@@ -109,27 +109,32 @@ def node_token_cache_clear(prefix: str | None = None) -> None:
             _node_tokens.pop(prefix, None)
 
 
-def node_token_cache_note(prefix: str, node_changes: dict[str, Any]) -> None:
-    """Bring the cached row of ``prefix`` up to date with what was written to its node
-    (attribute name → new value); a row not cached is left alone."""
-    assert _node_token_query is not None or not _node_tokens
-    with _node_tokens_lock:
-        entry = _node_tokens.get(prefix)
-        if entry is None or _node_token_query is None:
-            return
-        row = list(entry[1])
-        names = _node_token_query[1]
-        for name, value in node_changes.items():
-            row[4 + names.index(name)] = value
-        _node_tokens[prefix] = (entry[0], tuple(row))
+# Where a cached lookup row holds what this process writes: the token's last use, then the
+# node's columns from this position on (in _node_token_sql's order).
+_LAST_USED_AT = 2
+_NODE_FROM = 4
 
 
-def _token_used_note(prefix: str, used_at: Any) -> None:
+def _cached_row_update(prefix: str, values: dict[int, Any]) -> None:
+    """Set positions of the cached row of ``prefix``; a row not cached is left alone."""
     with _node_tokens_lock:
         entry = _node_tokens.get(prefix)
         if entry is not None:
-            row = entry[1]
-            _node_tokens[prefix] = (entry[0], (row[0], row[1], used_at, *row[3:]))
+            row = list(entry[1])
+            for position, value in values.items():
+                row[position] = value
+            _node_tokens[prefix] = (entry[0], tuple(row))
+
+
+def node_token_cache_note(prefix: str, node_changes: dict[str, Any]) -> None:
+    """Bring the cached row of ``prefix`` up to date with what was written to its node
+    (attribute name → new value)."""
+    if _node_token_query is None:
+        return  # nothing was looked up, so nothing is cached
+    names = _node_token_query[1]
+    _cached_row_update(
+        prefix, {_NODE_FROM + names.index(name): value for name, value in node_changes.items()}
+    )
 
 
 @receiver(post_save, sender=NodeToken, dispatch_uid="fleet.authentication.token_saved")
@@ -170,12 +175,12 @@ class NodeTokenAuthentication(BaseAuthentication):
         if row is None or not token_matches(raw, row[1]):
             raise exceptions.AuthenticationFailed("invalid or revoked node token")
         assert _node_token_query is not None  # set by _node_token_row
-        node = Node.from_db(connection.alias, _node_token_query[1], list(row[4:]))
+        node = Node.from_db(connection.alias, _node_token_query[1], list(row[_NODE_FROM:]))
         token = NodeToken(
             id=row[0],
             prefix=prefix,
             token_hash=row[1],
-            last_used_at=row[2],
+            last_used_at=row[_LAST_USED_AT],
             created_at=row[3],
             node=node,
         )
@@ -192,7 +197,7 @@ class NodeTokenAuthentication(BaseAuthentication):
         token._state.adding = False
         token._state.db = connection.alias
         if _touch(token):
-            _token_used_note(prefix, token.last_used_at)
+            _cached_row_update(prefix, {_LAST_USED_AT: token.last_used_at})
         return NodePrincipal(node, token_checked=checked), token
 
     def authenticate_header(self, request: Request) -> str:
