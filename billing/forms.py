@@ -9,8 +9,17 @@ from typing import Any
 from django import forms
 
 from fleet.models import FleetSettings, GpuModel, Pool, Site, Team
-from fleet.services import BREAKEVEN_KEYS
 
+# A fleet file's break-even workload (`[breakeven]`, `pools[].breakeven`): each key and the
+# field of BreakevenForm that it fills, and whose bounds it must meet (billing.services).
+BREAKEVEN_KEYS = {
+    "tokens_per_s_per_gpu": "tokens_per_s",
+    "api_input_price_per_mtok": "api_input_price_per_mtok",
+    "api_output_price_per_mtok": "api_output_price_per_mtok",
+    "output_share": "output_share",
+    "api_price_per_mtok": "api_price_per_mtok",  # blended: instead of the two prices
+    "rental_rate_per_hour": "rental_rate_per_hour",
+}
 PRICE_KEYS = {"api_input_price_per_mtok", "api_output_price_per_mtok", "api_price_per_mtok"}
 
 
@@ -161,5 +170,5 @@ class BreakevenForm(forms.Form):
         if "api_price_per_mtok" in workload:
             data["price_mode"] = "blended"
         for key, value in workload.items():
-            data[BREAKEVEN_KEYS[key][0]] = value
+            data[BREAKEVEN_KEYS[key]] = value
         return data

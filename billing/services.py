@@ -1,13 +1,18 @@
-"""Writes of billing: cost profiles from the fleet file."""
+"""Writes of billing: cost profiles and break-even workloads from the fleet file."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 from typing import Any
 
+from django import forms
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from billing.forms import BREAKEVEN_KEYS, PRICE_KEYS, BreakevenForm
 from billing.models import CostProfile
-from fleet.models import Gpu, Node, Pool, Site
-from fleet.services import ApplyResult, FleetFileError, fleet_decimal
+from fleet.models import FleetSettings, Gpu, Node, Pool, Site
+from fleet.services import ApplyResult, FleetFileError, fleet_decimal, fleet_file_apply
 
 _SCOPE_MODELS: dict[str, tuple[Any, str]] = {
     "gpu": (Gpu, "uuid"),
@@ -80,3 +85,70 @@ def cost_profiles_apply(*, rows: list[dict[str, Any]], result: ApplyResult) -> N
     if stale:
         CostProfile.objects.filter(pk__in=stale).delete()
         result.updated["cost_profiles_removed"] = len(stale)
+
+
+def breakeven_workload(table: Any, where: str) -> dict[str, Any]:
+    """A fleet file's break-even table, checked by the break-even form's own fields (one set
+    of bounds for the page, the email and the file): money as strings, numbers as floats."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise FleetFileError(f"{where}: must be a table")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in BREAKEVEN_KEYS:
+            known = ", ".join(BREAKEVEN_KEYS)
+            raise FleetFileError(f"{where}.{key}: unknown (known: {known})")
+        field = BreakevenForm.base_fields[BREAKEVEN_KEYS[key]]
+        if isinstance(value, bool):
+            raise FleetFileError(f"{where}.{key}: must be a number")
+        money = isinstance(field, forms.DecimalField)
+        if money:
+            value = fleet_decimal(value, where=f"{where}.{key}")  # money must be a string
+        try:
+            cleaned = field.clean(value)
+        except ValidationError as exc:
+            raise FleetFileError(f"{where}.{key}: {' '.join(exc.messages)}") from None
+        out[key] = str(cleaned) if money else float(cleaned)
+    if "api_price_per_mtok" in out and PRICE_KEYS & out.keys() - {"api_price_per_mtok"}:
+        raise FleetFileError(
+            f"{where}: give either api_price_per_mtok (blended) or the input and output prices"
+        )
+    return out
+
+
+def breakeven_workloads_apply(*, document: dict[str, Any], result: ApplyResult) -> None:
+    """The fleet's (``[breakeven]``) and each pool's (``pools[].breakeven``) workload; a table
+    left out of the file resets to none (the page's own defaults)."""
+    fs = FleetSettings.load()
+    workload = breakeven_workload(document.get("breakeven"), "breakeven")
+    if fs.breakeven != workload:
+        FleetSettings.objects.filter(pk=fs.pk).update(breakeven=workload)
+        result.count("settings", False, True)
+    for i, row in enumerate(document.get("pools", [])):
+        workload = breakeven_workload(row.get("breakeven"), f"pools[{i}].breakeven")
+        if (
+            Pool.objects.filter(name=row["name"])
+            .exclude(breakeven=workload)
+            .update(breakeven=workload)
+        ):
+            result.count("pools", False, True)
+
+
+@transaction.atomic
+def fleet_document_apply(*, document: dict[str, Any]) -> ApplyResult:
+    """A whole fleet file: the inventory (fleet), then cost profiles and break-even workloads;
+    recomputes the rollups of GPUs whose in-service window moved and rebuilds the daily
+    pre-aggregate when the report time zone changed, in the same transaction."""
+    from telemetry.rollup import daily_usage_ensure
+    from telemetry.services import gpu_hours_invalidate
+
+    result = fleet_file_apply(document=document)
+    cost_profiles_apply(rows=document.get("cost_profiles", []), result=result)
+    breakeven_workloads_apply(document=document, result=result)
+    if result.gpus_window_changed:
+        gpu_hours_invalidate(gpu_ids=result.gpus_window_changed)
+    # The daily pre-aggregate holds local days of the report time zone: a new zone rebuilds
+    # it, so no page sees the old days.
+    daily_usage_ensure()
+    return result

@@ -34,7 +34,7 @@ class FleetSettings(models.Model):
         default=0.6, validators=[MinValueValidator(0.01), MaxValueValidator(1)]
     )
     # The break-even workload of pools without their own (fleet file `[breakeven]`; keys in
-    # fleet.services.BREAKEVEN_KEYS): the break-even page's defaults and the weekly email's.
+    # billing.forms.BREAKEVEN_KEYS): the break-even page's defaults and the weekly email's.
     breakeven = models.JSONField(default=dict, blank=True)
 
     class Meta:

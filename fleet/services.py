@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import math
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -198,55 +197,10 @@ def _ref(model: Any, field_name: str, value: Any, where: str) -> Any:
     return obj
 
 
-# A break-even workload in a fleet file (`[breakeven]`, `pools[].breakeven`): the break-even
-# form's field each key fills, and whether it is money (kept as a string, like all money).
-BREAKEVEN_KEYS: dict[str, tuple[str, bool]] = {
-    "tokens_per_s_per_gpu": ("tokens_per_s", False),
-    "api_input_price_per_mtok": ("api_input_price_per_mtok", True),
-    "api_output_price_per_mtok": ("api_output_price_per_mtok", True),
-    "output_share": ("output_share", False),
-    "api_price_per_mtok": ("api_price_per_mtok", True),  # blended: instead of the two prices
-    "rental_rate_per_hour": ("rental_rate_per_hour", True),
-}
-
-
-def breakeven_workload(table: Any, where: str) -> dict[str, Any]:
-    """A fleet file's break-even table, checked: money as strings, numbers as floats."""
-    if table is None:
-        return {}
-    if not isinstance(table, dict):
-        raise FleetFileError(f"{where}: must be a table")
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in BREAKEVEN_KEYS:
-            known = ", ".join(BREAKEVEN_KEYS)
-            raise FleetFileError(f"{where}.{key}: unknown (known: {known})")
-        if BREAKEVEN_KEYS[key][1]:
-            out[key] = str(fleet_decimal(value, where=f"{where}.{key}"))
-            continue
-        try:
-            if isinstance(value, bool):
-                raise TypeError
-            number = float(value)
-        except (TypeError, ValueError):
-            raise FleetFileError(f"{where}.{key}: must be a number") from None
-        low_ok = number > 0 if key == "tokens_per_s_per_gpu" else number >= 0
-        if not math.isfinite(number) or not low_ok or (key == "output_share" and number > 1):
-            bound = "> 0" if key == "tokens_per_s_per_gpu" else "within 0–1"
-            raise FleetFileError(f"{where}.{key}: must be {bound}")
-        out[key] = number
-    if "api_price_per_mtok" in out and (
-        "api_input_price_per_mtok" in out or "api_output_price_per_mtok" in out
-    ):
-        raise FleetFileError(
-            f"{where}: give either api_price_per_mtok (blended) or the input and output prices"
-        )
-    return out
-
-
 @transaction.atomic
 def fleet_file_apply(*, document: dict[str, Any]) -> ApplyResult:
-    """Apply the inventory part of a fleet file (DESIGN.md §7); cost profiles are billing's.
+    """Apply the inventory part of a fleet file (DESIGN.md §7); cost profiles and break-even
+    workloads are billing's (``billing.services.fleet_document_apply`` applies it all).
 
     Idempotent: the same document twice changes nothing. Never deletes anything.
     """
@@ -270,7 +224,6 @@ def fleet_file_apply(*, document: dict[str, Any]) -> ApplyResult:
         if not 0 < target <= 1:
             raise FleetFileError("target_utilization: must be within (0, 1]")
         values["target_utilization"] = target
-    values["breakeven"] = breakeven_workload(document.get("breakeven"), "breakeven")
     _, _, changed = _upsert(FleetSettings, {"pk": fs.pk}, values)
     result.count("settings", False, changed)
 
@@ -304,7 +257,6 @@ def fleet_file_apply(*, document: dict[str, Any]) -> ApplyResult:
         pool_values = {
             "site": _ref(Site, "name", row.get("site"), f"{where}.site"),
             "team": _ref(Team, "name", row.get("team"), f"{where}.team"),
-            "breakeven": breakeven_workload(row.get("breakeven"), f"{where}.breakeven"),
         }
         _, created, changed = _upsert(Pool, {"name": row["name"]}, pool_values)
         result.count("pools", created, changed)

@@ -115,12 +115,13 @@ def test_naive_dates_are_in_the_report_time_zone(tmp_path, capsys):
             "breakeven.tokens_per_s: unknown",
         ),
         (
-            lambda t: t.replace("tokens_per_s_per_gpu = 2000", "tokens_per_s_per_gpu = 0"),
-            "breakeven.tokens_per_s_per_gpu: must be > 0",
+            # Below the break-even form's minimum (0.001), which the page would refuse.
+            lambda t: t.replace("tokens_per_s_per_gpu = 2000", "tokens_per_s_per_gpu = 0.0005"),
+            "breakeven.tokens_per_s_per_gpu: Ensure this value is greater than or equal to 0.001",
         ),
         (
             lambda t: t.replace("output_share = 0.25", "output_share = 1.5"),
-            "breakeven.output_share: must be within 0–1",
+            "breakeven.output_share: Ensure this value is less than or equal to 1",
         ),
         (
             lambda t: t.replace('api_price_per_mtok = "0.30"', "api_price_per_mtok = 0.30"),

@@ -24,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import close_old_connections, connections, transaction
+from django.db import close_old_connections, connections
 from django.utils import timezone
 
 DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "demo"
@@ -174,17 +174,15 @@ class Command(BaseCommand):
         }
 
     def _apply_fleet(self, hosts_pools: dict[str, str]) -> None:
-        from billing.services import cost_profiles_apply
-        from fleet.services import FleetFileError, fleet_file_apply
+        from billing.services import fleet_document_apply
+        from fleet.services import FleetFileError
 
         document = tomllib.loads(FLEET_FILE.read_text())
         # The file lists the nodes of the default 64-GPU layout; other sizes have other
         # nodes, so the pools of the fake fleet's own hostnames are what gets applied.
         document["nodes"] = [{"hostname": h, "pool": p} for h, p in hosts_pools.items()]
         try:
-            with transaction.atomic():
-                result = fleet_file_apply(document=document)
-                cost_profiles_apply(rows=document.get("cost_profiles", []), result=result)
+            result = fleet_document_apply(document=document)
         except FleetFileError as exc:
             raise CommandError(f"{FLEET_FILE}: {exc}") from exc
         self._say(f"applied {FLEET_FILE.name}: {result.summary()}")

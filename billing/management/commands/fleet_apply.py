@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
 
-from billing.services import cost_profiles_apply
-from fleet.services import FleetFileError, fleet_file_apply
+from billing.services import fleet_document_apply
+from fleet.services import FleetFileError
 
 
 class Command(BaseCommand):
@@ -26,18 +25,7 @@ class Command(BaseCommand):
         except tomllib.TOMLDecodeError as exc:
             raise CommandError(f"{file}: not valid TOML: {exc}") from exc
         try:
-            with transaction.atomic():
-                result = fleet_file_apply(document=document)
-                cost_profiles_apply(rows=document.get("cost_profiles", []), result=result)
-                if result.gpus_window_changed:
-                    from telemetry.services import gpu_hours_invalidate
-
-                    gpu_hours_invalidate(gpu_ids=result.gpus_window_changed)
-                # The daily pre-aggregate holds local days of the report time zone: a new
-                # zone rebuilds it, in this transaction, so no page sees the old days.
-                from telemetry.rollup import daily_usage_ensure
-
-                daily_usage_ensure()
+            result = fleet_document_apply(document=document)
         except FleetFileError as exc:
             raise CommandError(f"{file}: {exc}") from exc
         self.stdout.write(f"applied {file}: {result.summary()}")
