@@ -285,13 +285,8 @@ class Collector:
             self.up = False
 
     def _went_down(self, now: float, err: BaseException) -> None:
-        if self.up:
-            try:
-                # balance the earlier nvmlInit (NVML counts them) before initialising again
-                self.api.nvmlShutdown()
-            except pynvml.NVMLError:
-                pass
-        self.up = False
+        # Balance the earlier nvmlInit (NVML counts them) before initialising again.
+        self.shutdown()
         for g in self.gpus.values():
             g.handle = None
         self._init_failures += 1
