@@ -45,7 +45,6 @@ TREND_WEEKS = 4
 # A claim older than this belongs to a sender that died mid-way: take it over.
 CLAIM_TIMEOUT = dt.timedelta(hours=1)
 CHART_CID = "trend-chart@gpufleet"
-OFFLINE_NOW_AFTER = dt.timedelta(minutes=15)
 
 
 # --- weeks ------------------------------------------------------------------------------------
@@ -371,7 +370,7 @@ def _offline(
                 name=r.name,
                 uuid=r.key,
                 offline_hours=round(r.offline_hours, 1),
-                offline_now=last is None or last < now - OFFLINE_NOW_AFTER,
+                offline_now=selectors.offline_now(last, now),
                 last_seen=last.astimezone(zone).strftime("%Y-%m-%d %H:%M") if last else "never",
             )
         )

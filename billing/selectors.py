@@ -45,8 +45,13 @@ from telemetry.models import DailyUsage, DailyUsageState, HourlyUsage
 GROUP_BY = ("gpu", "node", "pool", "team", "site", "model", "fleet")
 PERIODS = ("day", "week", "month", "all")
 THROTTLE_REASONS = ("power_cap", "thermal", "hw_slowdown", "other")
-# A GPU in service that sent nothing for this long counts as offline now (fleet summary).
+# A GPU in service that sent nothing for this long counts as offline now (offline_now).
 OFFLINE_NOW_AFTER = dt.timedelta(minutes=15)
+
+
+def offline_now(last_seen_at: dt.datetime | None, now: dt.datetime) -> bool:
+    """Whether a GPU last seen at ``last_seen_at`` (None: never) counts as offline at ``now``."""
+    return last_seen_at is None or last_seen_at < now - OFFLINE_NOW_AFTER
 UNASSIGNED_NAME = "(none)"
 
 
@@ -1677,7 +1682,7 @@ def _summary(computation: _Computation, filters: Filters) -> FleetSummary:
         period_hours=computation.window_hours,
         target_utilization=computation.target_utilization,
     )
-    in_service = offline_now = 0
+    in_service = offline = 0
     current = computation.now
     for info in computation.gpus.values():
         if not _kept(
@@ -1694,8 +1699,8 @@ def _summary(computation: _Computation, filters: Filters) -> FleetSummary:
         if info.retired_at is not None and info.retired_at <= current:
             continue
         in_service += 1
-        if info.last_seen_at is None or info.last_seen_at < current - OFFLINE_NOW_AFTER:
-            offline_now += 1
+        if offline_now(info.last_seen_at, current):
+            offline += 1
     return FleetSummary(
         row=row,
         target_utilization=computation.target_utilization,
@@ -1704,7 +1709,7 @@ def _summary(computation: _Computation, filters: Filters) -> FleetSummary:
             recoverable_gpus=recoverable, mean_fixed_rate_per_hour=row.nominal_rate_per_hour
         ),
         gpus_in_service=in_service,
-        gpus_offline_now=offline_now,
+        gpus_offline_now=offline,
     )
 
 
