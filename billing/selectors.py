@@ -52,6 +52,8 @@ OFFLINE_NOW_AFTER = dt.timedelta(minutes=15)
 def offline_now(last_seen_at: dt.datetime | None, now: dt.datetime) -> bool:
     """Whether a GPU last seen at ``last_seen_at`` (None: never) counts as offline at ``now``."""
     return last_seen_at is None or last_seen_at < now - OFFLINE_NOW_AFTER
+
+
 UNASSIGNED_NAME = "(none)"
 
 
