@@ -12,6 +12,8 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from fleet.identifiers import IdentifierValidator
+
 
 def zone_or_utc(name: str) -> ZoneInfo:
     """The time zone of that name; UTC where this machine's tz database does not know it
@@ -62,7 +64,7 @@ class FleetSettings(models.Model):
 class Site(models.Model):
     """A data centre or cloud region: its power overhead, tariff and grid carbon intensity."""
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=100, unique=True, validators=[IdentifierValidator(100)])
     pue = models.DecimalField(
         max_digits=5, decimal_places=3, default=Decimal("1.0"), validators=[MinValueValidator(1)]
     )
@@ -82,8 +84,10 @@ class Site(models.Model):
 class Team(models.Model):
     """A team that GPU time is charged back to."""
 
-    name = models.CharField(max_length=100, unique=True)
-    cost_center = models.CharField(max_length=100, blank=True)
+    name = models.CharField(max_length=100, unique=True, validators=[IdentifierValidator(100)])
+    cost_center = models.CharField(
+        max_length=100, blank=True, validators=[IdentifierValidator(100, text=True)]
+    )
 
     class Meta:
         ordering = ["name"]
@@ -95,7 +99,7 @@ class Team(models.Model):
 class Pool(models.Model):
     """A group of nodes used for one purpose (training, inference…), at one site, for a team."""
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=100, unique=True, validators=[IdentifierValidator(100)])
     site = models.ForeignKey(Site, null=True, blank=True, on_delete=models.PROTECT)
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL)
     # This pool's break-even workload (fleet file `pools[].breakeven`), over the fleet's.
@@ -127,7 +131,7 @@ class GpuModel(models.Model):
 class Node(models.Model):
     """A GPU server running one agent; its token decides who it is."""
 
-    hostname = models.CharField(max_length=255, unique=True)
+    hostname = models.CharField(max_length=255, unique=True, validators=[IdentifierValidator(255)])
     pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.SET_NULL)
     site = models.ForeignKey(
         Site, null=True, blank=True, on_delete=models.PROTECT, help_text="Overrides the pool's"
@@ -157,7 +161,7 @@ class Node(models.Model):
 class Gpu(models.Model):
     """One physical GPU (or MIG-less device), identified by its NVML UUID."""
 
-    uuid = models.CharField(max_length=100, unique=True)
+    uuid = models.CharField(max_length=100, unique=True, validators=[IdentifierValidator(100)])
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpus")
     index = models.PositiveSmallIntegerField(null=True, blank=True)
     name = models.CharField(max_length=100, blank=True)
