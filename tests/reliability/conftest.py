@@ -156,6 +156,10 @@ class TcpProxy:
         self._holding = threading.Event()
         self.held = threading.Event()
         self._release = threading.Event()
+        # Set from the first instant of a cut: nothing more is forwarded on any connection, so
+        # a client that grabs another open connection while the others are being reset gets no
+        # answer on it either (a stopped service answers nothing).
+        self._dead = threading.Event()
         self.answers = bytearray()
         self.connections = 0
         self.restore()
@@ -165,6 +169,7 @@ class TcpProxy:
         return LOOPBACK, self.port
 
     def restore(self) -> None:
+        self._dead.clear()
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((LOOPBACK, self.port))
@@ -173,9 +178,11 @@ class TcpProxy:
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def cut(self) -> None:
+        self._dead.set()
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
+            self._refusing_wait()
         with self._lock:
             conns, self._conns = list(self._conns), set()
         for conn in conns:
@@ -187,6 +194,22 @@ class TcpProxy:
                 conn.close()
             except OSError:
                 pass
+
+    def _refusing_wait(self) -> None:
+        """Until the port refuses connections. A listener closed while another thread is
+        blocked in its accept() stays open in the kernel until that accept returns: a client
+        reconnecting within milliseconds of a cut (a Celery worker does) was accepted, then
+        closed, and took that for a working broker. Connecting wakes the accept (the thread
+        sees the cut and drops the connection), after which the port refuses."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((LOOPBACK, self.port), timeout=1):
+                    pass
+            except OSError:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"port {self.port} still accepts connections after the cut")
 
     def hold(self) -> None:
         self.held.clear()
@@ -240,6 +263,8 @@ class TcpProxy:
                     if self._holding.is_set():
                         self.held.set()
                         self._release.wait(timeout=60)
+                if self._dead.is_set():
+                    break
                 dst.sendall(data)
         except (OSError, ValueError):
             pass
