@@ -316,15 +316,16 @@ def checks_ms(body: bytes, uuids: list[str], n: int = 20) -> float:
     decoding and the per-sample checks (no database: the GPU map is given)."""
     from django.utils import timezone
 
-    from telemetry.ingest import GpuRef, _push_decode, samples_validate
+    from telemetry.ingest import GpuRef, samples_validate
+    from telemetry.wire import push_decode, samples_decode
 
     gpus = {u: GpuRef(i + 1, 1, 85_899_345_920, i, "", 700.0, None) for i, u in enumerate(uuids)}
     times = []
     for _ in range(n):
         began = time.perf_counter()
-        push, typed = _push_decode(body)
+        push, typed = push_decode(body)
         assert typed  # every sample decoded: the list holds SampleIn only
-        samples: Any = push.samples
+        samples = samples_decode(push, typed)
         samples_validate(samples=samples, gpus=gpus, node_id=1, now=timezone.now())
         times.append(time.perf_counter() - began)
     return statistics.median(times) * 1e3

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -53,88 +55,50 @@ class NodePrincipal:
     is_staff = False
     is_superuser = False
 
-    def __init__(self, node: Node, *, token_checked: bool = True) -> None:
-        self.node = node
+    def __init__(self, *, node_id: int, hostname: str) -> None:
+        self.node_id = node_id
+        self.hostname = hostname
         self.pk = None
-        # False when the token came from this process's cache: whoever writes for the node
-        # checks that it is still not revoked (telemetry.ingest does, within its write).
-        self.token_checked = token_checked
 
     def has_perm(self, perm: str, obj: Any = None) -> bool:
         return False
 
     def __str__(self) -> str:
-        return f"node:{self.node.hostname}"
+        return f"node:{self.hostname}"
 
 
-def _node_token_sql() -> tuple[str, list[str]]:
-    """The token lookup as plain SQL (token and node columns in one row), built once.
+@dataclass(frozen=True, slots=True)
+class NodeTokenFacts:
+    """What authentication knows of a node token: facts that never change while it exists
+    (its id, hash and node; the hostname is the label it was issued for). Whether it is still
+    live is not among them: every write made for the node checks that (telemetry.ingest)."""
 
-    Every ingest runs it: the ORM's query compilation (select_related, filters) cost about
-    three times the round trip itself (docs/benchmarks.md, "## Ingest").
-    """
-    fields = Node._meta.concrete_fields
-    node_fields = [f.attname for f in fields]
-    qn = connection.ops.quote_name
-    columns = ", ".join(f"n.{qn(str(f.column))}" for f in fields)
-    sql = (
-        f"SELECT t.id, t.token_hash, t.last_used_at, t.created_at, {columns} "  # noqa: S608
-        f"FROM {qn(NodeToken._meta.db_table)} t "
-        f"JOIN {qn(Node._meta.db_table)} n ON n.id = t.node_id "
-        "WHERE t.prefix = %s AND t.revoked_at IS NULL"
-    )
-    return sql, node_fields
+    id: int
+    prefix: str
+    token_hash: str
+    node_id: int
+    hostname: str
 
 
-_node_token_query: tuple[str, list[str]] | None = None
-
-# Node tokens, cached per process for NODE_TOKEN_CACHE_TTL_S (longer than an agent's push
-# interval, so a steady agent is always a hit): the lookup was a round trip of every push. The
-# cache only saves the read: the secret is checked against the cached hash on every request, a
-# write made for the node checks in the database that the token is still not revoked
-# (NodePrincipal.token_checked), what this process writes to the node row is written to the
-# cached row too (node_token_cache_note), and saving or deleting a token or a node through the
-# ORM clears the cache of this process.
+# Node tokens' facts, kept per process for NODE_TOKEN_CACHE_TTL_S: the lookup was a round trip
+# of every push (docs/benchmarks.md, "Ingest": what the cache saves). Only facts that cannot
+# change under it are kept; revocation is checked by the write, and saving or deleting a token
+# or a node through the ORM forgets every entry of this process.
 NODE_TOKEN_CACHE_TTL_S = 300.0
-_node_tokens: dict[str, tuple[float, tuple[Any, ...]]] = {}
+_node_tokens: dict[str, tuple[float, NodeTokenFacts]] = {}
 _node_tokens_lock = threading.Lock()
+# When this process last wrote each node token's last use: at most once a minute per process.
+_touched: dict[int, float] = {}
 
 
 def node_token_cache_clear(prefix: str | None = None) -> None:
-    """Forget the cached node token ``prefix`` (every cached token when None)."""
+    """Forget the node token ``prefix`` (every token when None)."""
     with _node_tokens_lock:
         if prefix is None:
             _node_tokens.clear()
+            _touched.clear()
         else:
             _node_tokens.pop(prefix, None)
-
-
-# Where a cached lookup row holds what this process writes: the token's last use, then the
-# node's columns from this position on (in _node_token_sql's order).
-_LAST_USED_AT = 2
-_NODE_FROM = 4
-
-
-def _cached_row_update(prefix: str, values: dict[int, Any]) -> None:
-    """Set positions of the cached row of ``prefix``; a row not cached is left alone."""
-    with _node_tokens_lock:
-        entry = _node_tokens.get(prefix)
-        if entry is not None:
-            row = list(entry[1])
-            for position, value in values.items():
-                row[position] = value
-            _node_tokens[prefix] = (entry[0], tuple(row))
-
-
-def node_token_cache_note(prefix: str, node_changes: dict[str, Any]) -> None:
-    """Bring the cached row of ``prefix`` up to date with what was written to its node
-    (attribute name → new value)."""
-    if _node_token_query is None:
-        return  # nothing was looked up, so nothing is cached
-    names = _node_token_query[1]
-    _cached_row_update(
-        prefix, {_NODE_FROM + names.index(name): value for name, value in node_changes.items()}
-    )
 
 
 @receiver(post_save, sender=NodeToken, dispatch_uid="fleet.authentication.token_saved")
@@ -145,60 +109,66 @@ def _node_token_changed(**kwargs: Any) -> None:
     node_token_cache_clear()
 
 
-def _node_token_row(prefix: str) -> tuple[tuple[Any, ...] | None, bool]:
-    """The lookup row of a live token ``prefix`` → (row or None, whether read just now)."""
-    global _node_token_query
+# The lookup as plain SQL: the ORM's query building cost about three times the round trip.
+_NODE_TOKEN_SQL = (
+    "SELECT t.id, t.token_hash, n.id, n.hostname FROM fleet_nodetoken t "
+    "JOIN fleet_node n ON n.id = t.node_id WHERE t.prefix = %s AND t.revoked_at IS NULL"
+)
+# Its last use, at most once a minute (LAST_USED_RESOLUTION) and only forward.
+_NODE_TOKEN_TOUCH = (
+    "UPDATE fleet_nodetoken SET last_used_at = %s "
+    "WHERE id = %s AND (last_used_at IS NULL OR last_used_at < %s)"
+)
+
+
+def _node_token_facts(prefix: str) -> NodeTokenFacts | None:
+    """The facts of the live token ``prefix``, from this process's memory or the database."""
     with _node_tokens_lock:
         entry = _node_tokens.get(prefix)
     if entry is not None and entry[0] > time.monotonic():
-        return entry[1], False
-    if _node_token_query is None:
-        _node_token_query = _node_token_sql()
+        return entry[1]
     with connection.cursor() as cursor:
-        cursor.execute(_node_token_query[0], [prefix])
+        cursor.execute(_NODE_TOKEN_SQL, [prefix])
         row = cursor.fetchone()
-    if row is not None:
-        with _node_tokens_lock:
-            _node_tokens[prefix] = (time.monotonic() + NODE_TOKEN_CACHE_TTL_S, tuple(row))
-    return row, True
+    if row is None:
+        return None
+    facts = NodeTokenFacts(
+        id=row[0], prefix=prefix, token_hash=row[1], node_id=row[2], hostname=row[3]
+    )
+    with _node_tokens_lock:
+        _node_tokens[prefix] = (time.monotonic() + NODE_TOKEN_CACHE_TTL_S, facts)
+    return facts
+
+
+def _node_token_touch(token_id: int) -> None:
+    """Record the token's use, once a minute per process: operators see the token is alive."""
+    now_mono = time.monotonic()
+    if now_mono - _touched.get(token_id, -math.inf) < LAST_USED_RESOLUTION.total_seconds():
+        return
+    _touched[token_id] = now_mono
+    now = timezone.now()
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.execute(_NODE_TOKEN_TOUCH, [adapt(now), token_id, adapt(now - LAST_USED_RESOLUTION)])
 
 
 class NodeTokenAuthentication(BaseAuthentication):
-    def authenticate(self, request: Request) -> tuple[NodePrincipal, NodeToken] | None:
+    """``Authorization: Bearer gfn_…``: ``request.user`` is a :class:`NodePrincipal` and
+    ``request.auth`` the token's :class:`NodeTokenFacts`."""
+
+    def authenticate(self, request: Request) -> tuple[NodePrincipal, NodeTokenFacts] | None:
         raw = _bearer(request)
         if raw is None:
             return None
         prefix = token_prefix(raw)
         if prefix is None or not prefix.startswith(NODE_KIND + "_"):
             raise exceptions.AuthenticationFailed("invalid node token")
-        row, checked = _node_token_row(prefix)
-        if row is None or not token_matches(raw, row[1]):
+        facts = _node_token_facts(prefix)
+        # The secret is checked against the hash on every request, cached or not.
+        if facts is None or not token_matches(raw, facts.token_hash):
             raise exceptions.AuthenticationFailed("invalid or revoked node token")
-        assert _node_token_query is not None  # set by _node_token_row
-        node = Node.from_db(connection.alias, _node_token_query[1], list(row[_NODE_FROM:]))
-        token = NodeToken(
-            id=row[0],
-            prefix=prefix,
-            token_hash=row[1],
-            last_used_at=row[_LAST_USED_AT],
-            created_at=row[3],
-            node=node,
-        )
-        if connection.vendor == "sqlite":  # SQLite hands datetimes back naive or as text
-            convert = getattr(connection.ops, "convert_datetimefield_value")  # noqa: B009
-            for attr in ("last_used_at", "created_at"):
-                value = getattr(token, attr)
-                if value is not None:
-                    setattr(token, attr, convert(value, None, connection))
-            for f in Node._meta.concrete_fields:
-                value = getattr(node, f.attname)
-                if value is not None and f.get_internal_type() == "DateTimeField":
-                    setattr(node, f.attname, convert(value, None, connection))
-        token._state.adding = False
-        token._state.db = connection.alias
-        if _touch(token):
-            _cached_row_update(prefix, {_LAST_USED_AT: token.last_used_at})
-        return NodePrincipal(node, token_checked=checked), token
+        _node_token_touch(facts.id)
+        return NodePrincipal(node_id=facts.node_id, hostname=facts.hostname), facts
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="ingest"'

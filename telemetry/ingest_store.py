@@ -1,35 +1,40 @@
-"""Writes validated raw samples: COPY on PostgreSQL, one multi-row INSERT OR IGNORE on SQLite.
+"""Writes one validated push: samples, first/last seen, hour marks and the node row, together.
 
-A row is a tuple in :data:`COLUMNS` order, built by ``telemetry.ingest``. Within one
-transaction the store inserts the new samples, leaves duplicates ``(gpu_id, start)`` untouched,
-moves each GPU's ``first_seen_at`` / ``last_seen_at`` and marks the hours that received samples
-for the rollup (one statement each), so a rollup never sees samples its mark does not cover.
+A row is a tuple in :data:`COLUMNS` order, built by ``telemetry.ingest``. :func:`push_store`
+is the one way in. Whatever path it takes, the write itself checks, within its transaction,
+the two facts that may have changed since ingest read them:
 
-PostgreSQL has two ways in (measured in bench/ingest.py and docs/benchmarks.md):
+- **ownership**: a node writes only the GPUs it owns at the moment of the write. Rows of a GPU
+  that was moved to another node (or deleted) are not stored and come back in
+  :attr:`Stored.not_owned`, so they are rejected like any invalid sample;
+- **the token**: a node token revoked since authentication read it (authentication keeps
+  token facts per process) stores nothing and raises :class:`TokenRevoked`.
 
-- optimistic (``skip_duplicates=False``): binary COPY straight into ``telemetry_sample``. COPY
-  batches its inserts into the partitions; an ``INSERT … SELECT … ON CONFLICT`` inserts row by
-  row with a speculative check each, which doubled the database time of a 1,000-sample batch.
-  Nearly every push holds only new samples, so this is the usual path. A duplicate makes the
-  COPY fail with a unique violation: :class:`DuplicateSamples` is raised, the caller's
-  transaction rolls back and it calls again with
-- ``skip_duplicates=True``: COPY into a session-private staging table, then one
-  ``INSERT … SELECT … ON CONFLICT DO NOTHING RETURNING`` that stores the new rows and counts
-  them, so duplicates change nothing and are counted.
+Duplicates ``(gpu_id, start)`` change nothing and are counted. The paths, measured in
+bench/ingest.py and docs/benchmarks.md:
+
+- PostgreSQL, up to :data:`ONE_STATEMENT_MAX_ROWS` rows (a node's minute): one prepared
+  statement in autocommit does everything above, one round trip;
+- PostgreSQL, larger batches: one transaction; the node's GPU rows are share-locked (a move
+  waits for the push to commit), binary COPY straight into ``telemetry_sample`` inside a
+  savepoint, and where that meets a duplicate, the savepoint is rolled back and the rows go
+  through a staging table and ``INSERT … ON CONFLICT DO NOTHING`` instead;
+- SQLite (the embedded default): one transaction, which SQLite's IMMEDIATE mode serialises
+  with every other writer; plain multi-row ``INSERT OR IGNORE``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import psycopg
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import DateTimeField, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 
@@ -82,6 +87,64 @@ COPY_TYPES = (
 STAGE_TABLE = "telemetry_ingest_stage"
 _COLS = ", ".join(COLUMNS)
 
+
+@dataclass(frozen=True, slots=True)
+class NodeUpdate:
+    """What a push says about its node: the values the agent sent (None: not sent, leave as
+    is) and the samples its full spool dropped. The node row is written only when one of the
+    values differs, the node was last seen :data:`NODE_SEEN_RESOLUTION` ago or more, or the
+    spool dropped samples (:data:`_NODE_UPDATE`)."""
+
+    node_id: int
+    reported_hostname: str | None = None
+    agent_version: str | None = None
+    driver_version: str | None = None
+    spool_dropped: int = 0
+
+
+@dataclass(slots=True)
+class Stored:
+    """What :func:`push_store` did: new rows, duplicates, and the positions (in the rows given)
+    of rows not stored because their GPU is not the node's."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    not_owned: list[int] = field(default_factory=list)
+
+
+class TokenRevoked(Exception):
+    """The node token was revoked after authentication read it: nothing was stored."""
+
+
+# --- the node row -------------------------------------------------------------------------------
+# "Last seen" needs no finer resolution than a minute; skipping the write when nothing changed
+# keeps most pushes of an agent with a short interval to the samples alone.
+NODE_SEEN_RESOLUTION = dt.timedelta(seconds=60)
+# One statement for both dialects (the columns are NOT NULL, so ``<>`` is null-safe here); the
+# one-statement path embeds it as a CTE. Parameters: :func:`_node_update_params`.
+_NODE_UPDATE = """UPDATE fleet_node SET
+        reported_hostname = COALESCE(%s, reported_hostname),
+        agent_version = COALESCE(%s, agent_version),
+        driver_version = COALESCE(%s, driver_version),
+        last_seen_at = %s,
+        spool_dropped_total = spool_dropped_total + %s
+    WHERE id = %s AND (
+        last_seen_at IS NULL OR last_seen_at <= %s OR %s > 0
+        OR reported_hostname <> COALESCE(%s, reported_hostname)
+        OR agent_version <> COALESCE(%s, agent_version)
+        OR driver_version <> COALESCE(%s, driver_version)
+    )"""
+
+
+def _node_update_params(node: NodeUpdate, now: dt.datetime) -> list[Any]:
+    values = [node.reported_hostname, node.agent_version, node.driver_version]
+    # As the column stores them (naive UTC text on SQLite), so that the comparison holds.
+    adapt = connection.ops.adapt_datetimefield_value
+    due, seen = adapt(now - NODE_SEEN_RESOLUTION), adapt(now)
+    return [*values, seen, node.spool_dropped, node.node_id, due, node.spool_dropped, *values]
+
+
+# --- first/last seen ----------------------------------------------------------------------------
 # A GPU's last seen is kept to this resolution: it moves when a sample ends at least this long
 # after it (its first seen always moves to an earlier sample). Writing it on every push would
 # make every push of an 8-GPU node rewrite eight ``fleet_gpu`` rows, the costliest part of a
@@ -97,7 +160,6 @@ _SEEN_SET = (
     "first_seen_at = LEAST(g.first_seen_at, p.first_start),"
     " last_seen_at = GREATEST(g.last_seen_at, p.last_end)"
 )
-
 # Shared by both merge statements: each GPU's first/last seen moves from the rows really
 # inserted (``inserted``: gpu_id, start, seconds). LEAST/GREATEST ignore NULLs, so a GPU's
 # first sample sets both; the last end never passes the server's clock (the one parameter).
@@ -110,95 +172,40 @@ _SEEN_FROM_INSERTED = f"""), per_gpu AS (
     FROM per_gpu AS p WHERE g.id = p.gpu_id AND {_SEEN_DUE}
 """  # noqa: S608 - constants of this module
 
-# A session-private staging table: COPY cannot skip duplicates, INSERT … SELECT … ON CONFLICT
-# can. ON COMMIT DELETE ROWS resets its storage at every commit; the DELETE … RETURNING below
-# empties it within the statement too, so a batch never sees another's rows even inside an
-# outer transaction that has not committed yet (tests, nested atomic blocks).
-_STAGE_CREATE = (
-    f"CREATE TEMP TABLE IF NOT EXISTS {STAGE_TABLE} "
-    "(LIKE telemetry_sample INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-)
-_STAGE_COPY = f"COPY {STAGE_TABLE} ({_COLS}) FROM STDIN (FORMAT BINARY)"
-# One statement: move the staged rows into the partitioned table (duplicates do nothing), move
-# each GPU's first/last seen from the rows really inserted, and return the hours they touched.
-# LEAST/GREATEST ignore NULLs, so a GPU's first sample sets both. Hours are UTC hours.
-_STAGE_MERGE = f"""
-WITH staged AS (
-    DELETE FROM {STAGE_TABLE} RETURNING {_COLS}
-), inserted AS (
-    INSERT INTO telemetry_sample ({_COLS})
-    SELECT {_COLS} FROM staged
-    ON CONFLICT (gpu_id, start) DO NOTHING
-    RETURNING gpu_id, start, seconds
-{_SEEN_FROM_INSERTED})
-SELECT date_trunc('hour', start, 'UTC'), count(*) FROM inserted GROUP BY 1
-"""  # noqa: S608 - table and column names are constants of this module
-
-# Raw psycopg connections whose session already holds the staging table (set after a commit:
-# a rolled-back CREATE leaves no table behind).
-_staged_sessions: weakref.WeakSet[Any] = weakref.WeakSet()
-
-# Whether every GPU the caller validated against a cached map (``verify``) still has that owner
-# and total memory: true when none was (the arrays are then empty). Its four parameters come
-# from :func:`_gpus_match_params`. Both write statements use it, and write nothing when false.
-_GPUS_MATCH = """(
-    SELECT count(*) FROM fleet_gpu AS g
-    JOIN unnest(%s::int8[], %s::int8[], %s::int8[]) AS c(id, node_id, mem)
-    ON g.id = c.id AND g.node_id = c.node_id
-    AND g.memory_total_bytes IS NOT DISTINCT FROM c.mem
-) = %s"""
-# The node token ``%s`` (the one parameter) exists and is not revoked.
+# The node token ``%s`` exists and is not revoked.
 _TOKEN_LIVE = "SELECT 1 FROM fleet_nodetoken WHERE id = %s AND revoked_at IS NULL"
 
 
-def _gpus_match_params(
-    verify: Mapping[int, tuple[int, int | None]] | None, gpu_ids: Sequence[int]
-) -> list[Any]:
-    """The parameters of :data:`_GPUS_MATCH` for the GPUs ``gpu_ids`` (none without verify)."""
-    checks = [(i, *verify.get(i, (None, None))) for i in gpu_ids] if verify else []
-    return [[c[0] for c in checks], [c[1] for c in checks], [c[2] for c in checks], len(checks)]
+def token_live(token_id: int) -> bool:
+    """Whether node token ``token_id`` still exists and is not revoked."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TOKEN_LIVE, [token_id])
+        return cursor.fetchone() is not None
 
 
-# After the direct COPY, one statement: the GPUs' first/last seen and the hour marks (a
-# data-modifying CTE, so a push costs one round trip here, not two), only when the GPUs still
-# match the caller's cached view (``verify``); false tells the caller to roll back.
-_GPU_SEEN = f"""
-WITH ok AS (
-    SELECT {_GPUS_MATCH} AS gpus
-), p AS (
-    SELECT * FROM unnest(%s::int8[], %s::timestamptz[], %s::timestamptz[])
-        AS p(id, first_start, last_end)
-), seen AS (
-    UPDATE fleet_gpu AS g SET {_SEEN_SET}
-    FROM p WHERE g.id = p.id AND {_SEEN_DUE} AND (SELECT gpus FROM ok)
-), marked AS (
-    {MARK_INSERT}
-    SELECT unnest(%s::timestamptz[]), 1, %s::timestamptz WHERE (SELECT gpus FROM ok)
-    {MARK_CONFLICT}
-)
-SELECT gpus FROM ok
-"""  # noqa: S608 - constants of this module
-_DIRECT_COPY = f"COPY telemetry_sample ({_COLS}) FROM STDIN (FORMAT BINARY)"
-
-
+# --- PostgreSQL, a small batch: one statement ---------------------------------------------------
 # Small batches (a node's minute): one statement in autocommit, so the whole push is one round
 # trip and one implicit transaction, where COPY costs BEGIN, COPY, the first/last-seen statement
 # and COMMIT. INSERT … ON CONFLICT checks row by row, which costs more than COPY's batched
 # insert from a few hundred rows on (bench/ingest.py), hence the bound.
 ONE_STATEMENT_MAX_ROWS = 64
-# Its text never changes (the rows travel as one JSON parameter, the checks as arrays), so it is
+# Its text never changes (the rows travel as one JSON parameter with their positions), so it is
 # parsed and planned once per connection and then runs as a prepared statement: planning this
 # statement cost more than running it, and psycopg does not cache the parsing of long texts.
+# Ownership is part of the insert (``owned``): in READ COMMITTED the statement sees every move
+# committed before it began, so a moved GPU's rows are never stored after the move.
 _ROWS_TYPES = ", ".join(f"{c} {t}" for c, t in zip(COLUMNS, COPY_TYPES, strict=True))
 _ONE_STATEMENT = f"""
 WITH v AS (
-    SELECT * FROM json_to_recordset(%s::json) AS r({_ROWS_TYPES})
+    SELECT * FROM json_to_recordset(%s::json) AS r(pos int4, {_ROWS_TYPES})
 ), ok AS (
-    SELECT {_GPUS_MATCH} AS gpus,
-    (%s::int8 IS NULL OR EXISTS ({_TOKEN_LIVE})) AS token
+    SELECT %s::int8 IS NULL OR EXISTS ({_TOKEN_LIVE}) AS token
+), owned AS (
+    SELECT v.* FROM v JOIN fleet_gpu AS g ON g.id = v.gpu_id AND g.node_id = %s
+    WHERE (SELECT token FROM ok)
 ), inserted AS (
     INSERT INTO telemetry_sample ({_COLS})
-    SELECT {_COLS} FROM v WHERE (SELECT gpus AND token FROM ok)
+    SELECT {_COLS} FROM owned
     ON CONFLICT (gpu_id, start) DO NOTHING
     RETURNING gpu_id, start, seconds
 {_SEEN_FROM_INSERTED}), marked AS (
@@ -206,82 +213,33 @@ WITH v AS (
     SELECT DISTINCT date_trunc('hour', start, 'UTC'), 1, %s::timestamptz FROM inserted
     {MARK_CONFLICT}
 ), node AS (
-    UPDATE fleet_node SET
-        reported_hostname = COALESCE(%s, reported_hostname),
-        agent_version = COALESCE(%s, agent_version),
-        driver_version = COALESCE(%s, driver_version),
-        last_seen_at = COALESCE(%s, last_seen_at),
-        spool_dropped_total = spool_dropped_total + %s
-    WHERE id = %s AND %s AND (SELECT gpus AND token FROM ok)
+    {_NODE_UPDATE} AND (SELECT token FROM ok)
 )
-SELECT gpus, token, (SELECT count(*) FROM inserted) FROM ok
+SELECT token, (SELECT count(*) FROM inserted), (SELECT count(*) FROM owned),
+       ARRAY(SELECT pos FROM v WHERE pos NOT IN (SELECT pos FROM owned) ORDER BY pos)
+FROM ok
 """  # noqa: S608 - table and column names are constants of this module
 
 
-@dataclass(frozen=True, slots=True)
-class NodeUpdate:
-    """What a push changes on its node row (None: leave as is); see ingest._node_changes."""
-
-    node_id: int
-    reported_hostname: str | None = None
-    agent_version: str | None = None
-    driver_version: str | None = None
-    last_seen_at: dt.datetime | None = None
-    spool_dropped: int = 0
-
-    def written(self) -> dict[str, Any]:
-        """The node attributes this sets (not the dropped count, which it adds to)."""
-        names = ("reported_hostname", "agent_version", "driver_version", "last_seen_at")
-        return {n: v for n in names if (v := getattr(self, n)) is not None}
-
-
-def one_statement(rows: Sequence[tuple[Any, ...]]) -> bool:
-    """Whether :func:`samples_store` writes ``rows`` with one statement (no transaction)."""
-    return 0 < len(rows) <= ONE_STATEMENT_MAX_ROWS and connection.vendor == "postgresql"
-
-
-def samples_store_one_statement(
-    *,
-    rows: Sequence[tuple[Any, ...]],
-    now: dt.datetime,
-    token_id: int | None,
-    verify: Mapping[int, tuple[int, int | None]] | None = None,
-    node_update: NodeUpdate | None = None,
-) -> int:
-    """PostgreSQL, a small batch: store ``rows`` in one statement; returns how many were new.
-
-    Needs no transaction of its own (autocommit makes the statement one): the new samples,
-    the GPUs' first/last seen from the rows really inserted (duplicates change nothing and are
-    counted), the hour marks (:func:`telemetry.pending.hours_mark`'s upsert) and
-    ``node_update`` commit together, and only while the node token ``token_id`` (unless None)
-    is not revoked (:class:`TokenRevoked` otherwise: authentication may come from a cache). With
-    ``verify`` and a GPU that no longer matches, nothing is written and :class:`StaleGpus` is
-    raised.
-    """
-    node = node_update or NodeUpdate(node_id=0)
+def _store_one_statement(
+    rows: Sequence[tuple[Any, ...]], node: NodeUpdate, token_id: int | None, now: dt.datetime
+) -> Stored:
+    records = [{"pos": i, **dict(zip(COLUMNS, row, strict=True))} for i, row in enumerate(rows)]
     params: list[Any] = [
-        msgspec.json.encode([dict(zip(COLUMNS, row, strict=True)) for row in rows]).decode(),
-        *_gpus_match_params(verify, sorted({row[0] for row in rows})),
+        msgspec.json.encode(records).decode(),
         token_id,
         token_id,
-        now,
-        now,
-        node.reported_hostname,
-        node.agent_version,
-        node.driver_version,
-        node.last_seen_at,
-        node.spool_dropped,
         node.node_id,
-        node_update is not None,
+        now,
+        now,
+        *_node_update_params(node, now),
     ]
     with prepared_cursor() as cursor:
         cursor.execute(_ONE_STATEMENT, params)
-        gpus_ok, token_ok, stored = cursor.fetchone()
+        token_ok, inserted, owned, not_owned = cursor.fetchone()
     if not token_ok:
         raise TokenRevoked("the node token was revoked")
-    if not gpus_ok:
-        raise StaleGpus("a GPU changed since it was read")
-    return int(stored)
+    return Stored(accepted=int(inserted), duplicates=owned - inserted, not_owned=list(not_owned))
 
 
 class _PreparedCursor(psycopg.Cursor[Any]):
@@ -311,57 +269,123 @@ def prepared_cursor() -> Iterator[Any]:
 _NEVER = 2**31 - 1
 
 
-class TokenRevoked(Exception):
-    """The node token was revoked after the (cached) authentication of this push."""
-
-
-def token_valid(token_id: int) -> bool:
-    """Whether node token ``token_id`` still exists and is not revoked."""
+# --- every other path: one transaction ----------------------------------------------------------
+def _checked_in_transaction(
+    rows: Sequence[tuple[Any, ...]], node: NodeUpdate, token_id: int | None
+) -> tuple[list[tuple[Any, ...]], list[int]]:
+    """Inside the write's transaction: the rows whose GPU the node owns, and the positions of
+    the others; raises :class:`TokenRevoked` when ``token_id`` is no longer live. On
+    PostgreSQL the owned GPU rows are share-locked until commit, so a move waits for this push
+    (SQLite's IMMEDIATE transactions already exclude every other writer)."""
+    if token_id is not None and not token_live(token_id):
+        raise TokenRevoked("the node token was revoked")
+    if not rows:
+        return [], []
     with connection.cursor() as cursor:
-        cursor.execute(_TOKEN_LIVE, [token_id])
-        return cursor.fetchone() is not None
+        gpu_ids = sorted({row[0] for row in rows})
+        ids = ", ".join(["%s"] * len(gpu_ids))
+        lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
+        cursor.execute(
+            # In id order, so two pushes of one node lock their GPUs in the same order.
+            f"SELECT id FROM fleet_gpu WHERE node_id = %s AND id IN ({ids}) ORDER BY id{lock}",  # noqa: S608
+            [node.node_id, *gpu_ids],
+        )
+        owned = {gpu_id for (gpu_id,) in cursor.fetchall()}
+    kept = [row for row in rows if row[0] in owned]
+    return kept, [i for i, row in enumerate(rows) if row[0] not in owned]
 
 
-class DuplicateSamples(Exception):
-    """The optimistic COPY met a sample already stored (or one twice in the batch)."""
-
-
-class StaleGpus(Exception):
-    """A GPU no longer has the owner or total memory the caller validated against (``verify``).
-
-    Nothing was written once the caller's transaction rolls back; validate again from the
-    database and store again.
-    """
-
-
-# SQLite allows 32,766 bound parameters per statement; 19 columns × 1,000 rows stays below.
-SQLITE_CHUNK_ROWS = 1000
-
-
-def samples_store(
+def push_store(
     *,
     rows: Sequence[tuple[Any, ...]],
+    node: NodeUpdate,
+    token_id: int | None,
     now: dt.datetime,
-    skip_duplicates: bool = True,
-    verify: Mapping[int, tuple[int, int | None]] | None = None,
-) -> int:
-    """Insert ``rows``; returns how many were new (the rest were duplicates).
+) -> Stored:
+    """Store one push of node ``node.node_id`` (module docstring): its rows (duplicates change
+    nothing), each GPU's first/last seen, the hours to roll up and the node row, all or nothing.
 
-    (Where :func:`one_statement` says so, callers use :func:`samples_store_one_statement`.)
-    Call inside ``transaction.atomic()``: the samples, the GPUs' first/last seen and the
-    pending hours must commit together. With ``skip_duplicates=False`` (PostgreSQL's fast
-    path) a duplicate raises :class:`DuplicateSamples`; roll back and call again with True.
-    ``verify`` (GPU id → (node id, total memory) the rows were validated against, from a
-    cache): on the fast path, a GPU that no longer matches raises :class:`StaleGpus`; roll
-    back, validate again from the database, and call again.
+    ``token_id``: the node token it came with, checked live within the write (None: a caller
+    that needs none, such as the demo's history). Raises :class:`TokenRevoked`; database errors
+    propagate (the API answers 503 and the agent retries the push later).
     """
+    if connection.vendor == "postgresql" and len(rows) <= ONE_STATEMENT_MAX_ROWS:
+        # Also an empty push (the node row and the token check): one round trip.
+        return _store_one_statement(rows, node, token_id, now)
+    with transaction.atomic():
+        kept, not_owned = _checked_in_transaction(rows, node, token_id)
+        if connection.vendor == "postgresql":
+            accepted = _store_postgresql(kept, now)
+        else:
+            accepted = _store_generic(kept, now)
+        with connection.cursor() as cursor:
+            cursor.execute(_NODE_UPDATE, _node_update_params(node, now))
+    return Stored(accepted=accepted, duplicates=len(kept) - accepted, not_owned=not_owned)
+
+
+# --- PostgreSQL, a large batch ------------------------------------------------------------------
+# After the direct COPY, one statement: the GPUs' first/last seen and the hour marks (a
+# data-modifying CTE, so this costs one round trip, not two).
+_GPU_SEEN = f"""
+WITH p AS (
+    SELECT * FROM unnest(%s::int8[], %s::timestamptz[], %s::timestamptz[])
+        AS p(id, first_start, last_end)
+), seen AS (
+    UPDATE fleet_gpu AS g SET {_SEEN_SET}
+    FROM p WHERE g.id = p.id AND {_SEEN_DUE}
+)
+{MARK_INSERT}
+SELECT unnest(%s::timestamptz[]), 1, %s::timestamptz
+{MARK_CONFLICT}
+"""  # noqa: S608 - constants of this module
+_DIRECT_COPY = f"COPY telemetry_sample ({_COLS}) FROM STDIN (FORMAT BINARY)"
+
+# A session-private staging table: COPY cannot skip duplicates, INSERT … SELECT … ON CONFLICT
+# can. ON COMMIT DELETE ROWS resets its storage at every commit; the DELETE … RETURNING below
+# empties it within the statement too, so a batch never sees another's rows even inside an
+# outer transaction that has not committed yet (tests, nested atomic blocks).
+_STAGE_CREATE = (
+    f"CREATE TEMP TABLE IF NOT EXISTS {STAGE_TABLE} "
+    "(LIKE telemetry_sample INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_STAGE_COPY = f"COPY {STAGE_TABLE} ({_COLS}) FROM STDIN (FORMAT BINARY)"
+# One statement: move the staged rows into the partitioned table (duplicates do nothing), move
+# each GPU's first/last seen from the rows really inserted, and return the hours they touched.
+# Hours are UTC hours.
+_STAGE_MERGE = f"""
+WITH staged AS (
+    DELETE FROM {STAGE_TABLE} RETURNING {_COLS}
+), inserted AS (
+    INSERT INTO telemetry_sample ({_COLS})
+    SELECT {_COLS} FROM staged
+    ON CONFLICT (gpu_id, start) DO NOTHING
+    RETURNING gpu_id, start, seconds
+{_SEEN_FROM_INSERTED})
+SELECT date_trunc('hour', start, 'UTC'), count(*) FROM inserted GROUP BY 1
+"""  # noqa: S608 - table and column names are constants of this module
+
+# Raw psycopg connections whose session already holds the staging table (set after a commit:
+# a rolled-back CREATE leaves no table behind).
+_staged_sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class _Duplicate(Exception):
+    """The direct COPY met a sample already stored (or one twice in the batch)."""
+
+
+def _store_postgresql(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+    """Nearly every push holds only new samples: binary COPY straight into the partitioned
+    table batches its inserts, where ``INSERT … ON CONFLICT`` checks row by row (it doubled a
+    1,000-sample batch's database time). A duplicate fails the COPY: its savepoint is rolled
+    back and the rows go through the staging table, which skips and counts duplicates."""
     if not rows:
         return 0
-    if connection.vendor != "postgresql":
-        return _store_generic(rows, now)
-    if skip_duplicates:
+    try:
+        with transaction.atomic():
+            _store_direct(rows, now)
+        return len(rows)
+    except _Duplicate:
         return _store_staged(rows, now)
-    return _store_direct(rows, now, verify)
 
 
 def _copy(cursor: Any, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -373,41 +397,41 @@ def _copy(cursor: Any, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
             copy.write_row(row)
 
 
-def _store_direct(
-    rows: Sequence[tuple[Any, ...]],
-    now: dt.datetime,
-    verify: Mapping[int, tuple[int, int | None]] | None = None,
-) -> int:
-    import psycopg
-
+def _store_direct(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> None:
     with connection.cursor() as cursor:
         try:
             _copy(cursor, _DIRECT_COPY, rows)
         except IntegrityError as exc:
             if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
                 raise
-            raise DuplicateSamples(str(exc).splitlines()[0]) from exc
-        # Every row is new: first/last seen and the hours come from the rows themselves.
-        seen = _seen_per_gpu(rows, now)
-        # In id order, so two pushes of one node lock their GPUs' rows in the same order.
-        ids = sorted(seen)
-        params: list[Any] = [
-            *_gpus_match_params(verify, ids),
-            ids,
-            [seen[i][0] for i in ids],
-            [seen[i][1] for i in ids],
-            # Hours of the distinct starts: a 1,000-sample batch has ~125 starts in 3 hours.
-            sorted({_hour(start) for start in {row[1] for row in rows}}),
-            now,
-        ]
-        with prepared_cursor() as prepared:
-            prepared.execute(_GPU_SEEN, params)
-            (gpus_ok,) = prepared.fetchone()
-    if not gpus_ok:
-        # A GPU was moved to another node, deleted, or its memory changed since the cache
-        # was filled: the caller rolls back and validates again.
-        raise StaleGpus("a GPU changed since it was read")
-    return len(rows)
+            raise _Duplicate(str(exc).splitlines()[0]) from exc
+    # Every row is new: first/last seen and the hours come from the rows themselves.
+    seen = _seen_per_gpu(rows, now)
+    ids = sorted(seen)
+    params: list[Any] = [
+        ids,
+        [seen[i][0] for i in ids],
+        [seen[i][1] for i in ids],
+        # Hours of the distinct starts: a 1,000-sample batch has ~125 starts in 3 hours.
+        sorted({_hour(start) for start in {row[1] for row in rows}}),
+        now,
+    ]
+    with prepared_cursor() as prepared:
+        prepared.execute(_GPU_SEEN, params)
+
+
+def _store_staged(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.cursor() as cursor:
+        if raw not in _staged_sessions:
+            cursor.execute(_STAGE_CREATE)
+            connection.on_commit(lambda: _staged_sessions.add(raw))
+        _copy(cursor, _STAGE_COPY, rows)
+        cursor.execute(_STAGE_MERGE, [now])
+        touched = cursor.fetchall()
+    hours_mark(hour for hour, _ in touched)
+    return sum(n for _, n in touched)
 
 
 def _hour(moment: dt.datetime) -> dt.datetime:
@@ -437,18 +461,9 @@ def _seen_per_gpu(
     return {gpu_id: (first, min(last, now)) for gpu_id, (first, last) in spans.items()}
 
 
-def _store_staged(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
-    connection.ensure_connection()
-    raw = connection.connection
-    with connection.cursor() as cursor:
-        if raw not in _staged_sessions:
-            cursor.execute(_STAGE_CREATE)
-            connection.on_commit(lambda: _staged_sessions.add(raw))
-        _copy(cursor, _STAGE_COPY, rows)
-        cursor.execute(_STAGE_MERGE, [now])
-        touched = cursor.fetchall()
-    hours_mark(hour for hour, _ in touched)
-    return sum(n for _, n in touched)
+# --- SQLite -------------------------------------------------------------------------------------
+# SQLite allows 32,766 bound parameters per statement; 19 columns × 1,000 rows stays below.
+SQLITE_CHUNK_ROWS = 1000
 
 
 def _store_generic(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:

@@ -76,9 +76,10 @@ def role_client(client: Any, make_user: Callable[..., Any]) -> Callable[[str | N
 
 
 @pytest.fixture(autouse=True)
-def _ingest_gpu_cache_clear() -> None:
-    """Ingest keeps each node's GPUs in process memory; a rolled-back test database reuses
-    primary keys (SQLite), which no real database does, so start every test with it empty."""
-    from telemetry.ingest import gpu_cache_clear
+def _node_token_cache_clear() -> None:
+    """Authentication keeps node tokens' facts in process memory; a rolled-back test database
+    reuses primary keys and prefixes may repeat, which no real database does, so start every
+    test with it empty."""
+    from fleet.authentication import node_token_cache_clear
 
-    gpu_cache_clear()
+    node_token_cache_clear()

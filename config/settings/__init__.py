@@ -218,6 +218,10 @@ SPECTACULAR_SETTINGS = {
 RAW_RETENTION_DAYS = env_int("RAW_RETENTION_DAYS", 35)
 INGEST_MAX_SAMPLES = env_int("INGEST_MAX_SAMPLES", 10_000)
 INGEST_MAX_BODY_BYTES = env_int("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)
+# Entries of a push's ``gpus`` block (413 beyond), and GPUs one node may own (not retired): a
+# node with more is misconfigured or hostile, and every page lists a node's GPUs.
+INGEST_MAX_GPUS = env_int("INGEST_MAX_GPUS", 64)
+NODE_MAX_GPUS = env_int("NODE_MAX_GPUS", 64)
 # Django's own limit must not cut in before ours: the ingest view answers 413 itself.
 DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES + 1024 * 1024
 WEEKLY_REPORT_RECIPIENTS = env_list("WEEKLY_REPORT_RECIPIENTS", "")

@@ -25,17 +25,18 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
+from config.logging import node_var
 from config.metrics import counters_incr, redis_client
 from fleet.authentication import (
     NodePrincipal,
     NodeTokenAuthentication,
+    NodeTokenFacts,
     node_token_cache_clear,
-    node_token_cache_note,
 )
-from fleet.models import NodeToken
 from fleet.permissions import IsNode
-from telemetry.ingest import IngestError, sample_batch_ingest
+from telemetry.ingest import sample_batch_ingest
 from telemetry.ingest_store import TokenRevoked
+from telemetry.wire import IngestError
 
 logger = logging.getLogger(__name__)
 _cache_warned_at = 0.0
@@ -65,7 +66,7 @@ class NodeIngestThrottle(BaseThrottle):
             return True
         now = time.time()
         window = int(now // self.duration)
-        key = f"throttle:{self.scope}:{principal.node.pk}:{window}"
+        key = f"throttle:{self.scope}:{principal.node_id}:{window}"
         try:
             count = _window_count(key, self.duration + 1)
         except Exception:  # noqa: BLE001 - a cache outage must not stop ingest
@@ -165,7 +166,9 @@ class IngestView(APIView):
         description="Push interval samples of the node's GPUs (wire format: docs/ingest.md).",
     )
     def post(self, request: Request) -> Response:
-        assert isinstance(request.user, NodePrincipal)  # IsNode
+        principal, token = request.user, request.auth
+        assert isinstance(principal, NodePrincipal) and isinstance(token, NodeTokenFacts)
+        node_var.set(principal.hostname)  # every log line of this request names the node
         # Every authenticated push counts, refused ones too; the push's counters go to the
         # cache together, in one round trip, once the answer is known.
         counters = {"ingest_requests": 1}
@@ -173,13 +176,10 @@ class IngestView(APIView):
             payload = _body_read(request)
             if isinstance(payload, Response):
                 return payload
-            token = request.auth
-            assert isinstance(token, NodeToken)
             try:
                 result = sample_batch_ingest(
-                    node=request.user.node,
-                    token_id=token.pk,
-                    token_checked=request.user.token_checked,
+                    node_id=principal.node_id,
+                    token_id=token.id,
                     payload_bytes=payload,
                     now=timezone.now(),
                     counters=counters,
@@ -187,11 +187,9 @@ class IngestView(APIView):
             except IngestError as exc:
                 return Response(exc.body(), status=exc.status)
             except TokenRevoked:
-                # Revoked after this process cached it: refuse as authentication would have.
+                # Revoked after this process read it: refuse as authentication would have.
                 node_token_cache_clear(token.prefix)
                 raise exceptions.AuthenticationFailed("invalid or revoked node token") from None
-            if result.node_written:
-                node_token_cache_note(token.prefix, result.node_written)
             return Response(result.body(), status=result.status)
         finally:
             counters_incr(counters)

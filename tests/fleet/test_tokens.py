@@ -45,7 +45,8 @@ def test_pepper_changes_the_stored_hash():
 def test_node_token_authenticates_its_node_and_records_last_used():
     node, token = node_token_issue(hostname="gpu-07")
     principal, auth = NodeTokenAuthentication().authenticate(_request(token))
-    assert isinstance(principal, NodePrincipal) and principal.node == node
+    assert isinstance(principal, NodePrincipal)
+    assert (principal.node_id, principal.hostname) == (node.pk, "gpu-07")
     assert NodeToken.objects.get().last_used_at is not None
     assert principal.has_perm("fleet.view_costs") is False
 

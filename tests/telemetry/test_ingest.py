@@ -125,7 +125,7 @@ def test_push_stores_samples_registers_gpus_and_node_metadata(agent: Any, base: 
         sample("GPU-a", base + dt.timedelta(minutes=m), util_pct=10.0 * m, unknown_key=1)
         for m in range(3)
     ] + [sample("GPU-b", base + dt.timedelta(minutes=59), energy_j=None, power_w=300.0)]
-    r = a.post(push(samples, gpus, spool_dropped=4, extra="ignored"))
+    r = a.post(push(samples, gpus, spool_dropped_samples=4, extra="ignored"))
     assert r.status_code == 200, r.content
     assert r.json() == {"accepted": 4, "duplicates": 0, "rejected": []}
 
@@ -173,7 +173,7 @@ def test_replay_changes_nothing_and_counts_duplicates(agent: Any, base: Any) -> 
     # The same samples again, with other values, plus one new and one twice in the batch.
     replay = [sample("GPU-r", base + dt.timedelta(minutes=m), util_pct=99.0) for m in range(5)]
     replay += [sample("GPU-r", base + dt.timedelta(minutes=7))] * 2
-    r = a.post(push(replay, agent_version="1.0.1", spool_dropped=2))
+    r = a.post(push(replay, agent_version="1.0.1", spool_dropped_samples=2))
     assert r.status_code == 200
     assert r.json() == {"accepted": 1, "duplicates": 6, "rejected": []}
     node = Node.objects.get(pk=a.node.pk)
@@ -219,7 +219,7 @@ def test_lost_gpu_and_spool_drops(agent: Any, base: Any) -> None:
     r = a.post(
         push(
             [],
-            [gpu_block("GPU-l", lost=True), gpu_block("GPU-m", 1, status="lost")],
+            [gpu_block("GPU-l", status="lost"), gpu_block("GPU-m", 1, status="lost")],
             spool_dropped_samples=7,
         )
     )
@@ -227,11 +227,11 @@ def test_lost_gpu_and_spool_drops(agent: Any, base: Any) -> None:
     lost_l = Gpu.objects.get(uuid="GPU-l").lost_at
     lost_m = Gpu.objects.get(uuid="GPU-m").lost_at
     assert lost_l is not None and lost_m is not None
-    a.post(push([], [], spool_dropped=5))
+    a.post(push([], [], spool_dropped_samples=5))
     assert Node.objects.get(pk=a.node.pk).spool_dropped_total == 12
     # Still lost: the time it was first reported stands. Listed present again: cleared. Not
     # listed at all: unchanged.
-    a.post(push([], [gpu_block("GPU-l", lost=True), gpu_block("GPU-m", 1, status="lost")]))
+    a.post(push([], [gpu_block("GPU-l", status="lost"), gpu_block("GPU-m", 1, status="lost")]))
     assert Gpu.objects.get(uuid="GPU-l").lost_at == lost_l
     a.post(push([sample("GPU-l", base + dt.timedelta(minutes=5))], [gpu_block("GPU-l")]))
     assert Gpu.objects.get(uuid="GPU-l").lost_at is None
@@ -303,8 +303,8 @@ def test_token_revoked_while_cached_is_401(agent: Any, base: Any, postgres: Any,
     token_revoke(prefix=prefix)
     later = [sample("GPU-v", base + dt.timedelta(minutes=m)) for m in (5, 6)]
     bodies = {
-        "one statement": push(later, spool_dropped=2),
-        "copy": push(later, spool_dropped=2),
+        "one statement": push(later, spool_dropped_samples=2),
+        "copy": push(later, spool_dropped_samples=2),
         "empty push": push([]),
         "new GPU only": push([], [gpu_block("GPU-v2", 1)]),
     }
@@ -470,9 +470,9 @@ BAD_PUSHES: list[tuple[str, bytes, str]] = [
         "gpus[0].memory_total_bytes",
     ),
     (
-        "node spool_dropped negative",
-        b'{"samples": [], "node": {"spool_dropped": -1}}',
-        "node.spool_dropped",
+        "node spool_dropped_samples negative",
+        b'{"samples": [], "node": {"spool_dropped_samples": -1}}',
+        "node.spool_dropped_samples",
     ),
     (
         "node agent_version too long",
@@ -586,18 +586,19 @@ def test_metrics_counted(agent: Any, base: Any) -> None:
     }
 
 
-def test_small_push_is_one_statement(
+def test_small_push_is_two_statements(
     agent: Any, base: Any, postgres: Any, django_assert_num_queries: Any
 ) -> None:
-    """A steady small push: the token and the GPUs come from this process's caches, then one
-    statement (samples, first/last seen, hour marks, the node row and the token's revocation
-    check) in autocommit: no BEGIN, COPY or COMMIT."""
+    """A steady small push: the token's facts come from this process's memory, then the GPUs
+    it mentions (one prepared query) and one statement (samples, first/last seen, hour marks,
+    the node row, ownership and the token's revocation check) in autocommit: no BEGIN, COPY or
+    COMMIT, and nothing registered or refreshed when the gpus block is unchanged."""
     a = agent()
     a.post(push([sample("GPU-s0", base)], [gpu_block(f"GPU-s{i}", i) for i in range(8)]))
-    a.post(push([sample("GPU-s1", base)]))  # registering cleared the GPU map: refill it
     batch = [sample(f"GPU-s{i}", base + dt.timedelta(minutes=1)) for i in range(8)]
-    with django_assert_num_queries(1):
-        r = a.post(push(batch, [gpu_block(f"GPU-s{i}", i) for i in range(8)], spool_dropped=3))
+    block = [gpu_block(f"GPU-s{i}", i) for i in range(8)]
+    with django_assert_num_queries(2):
+        r = a.post(push(batch, block, spool_dropped_samples=3))
     assert r.json() == {"accepted": 8, "duplicates": 0, "rejected": []}
     assert Node.objects.get(pk=a.node.pk).spool_dropped_total == 3
     gpu = Gpu.objects.get(uuid="GPU-s0")

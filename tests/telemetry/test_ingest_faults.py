@@ -92,10 +92,7 @@ def test_database_unreachable_answers_503_json_fast() -> None:
 def test_database_failing_mid_push_answers_503(db: Any, client: Any) -> None:
     node, token = node_token_issue(hostname="db-fails")
     lost = OperationalError("server closed the connection unexpectedly")
-    with (
-        mock.patch("telemetry.ingest.ingest_store.samples_store", side_effect=lost),
-        mock.patch("telemetry.ingest.ingest_store.samples_store_one_statement", side_effect=lost),
-    ):
+    with mock.patch("telemetry.ingest.ingest_store.push_store", side_effect=lost):
         r = client.post(
             URL,
             data=_push("GPU-db"),

@@ -8,6 +8,7 @@ or ``fleet_apply`` would, and also between ingest's read and its write.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from typing import Any
 from unittest import mock
@@ -23,6 +24,26 @@ GIB = 2**30
 # The write paths: PostgreSQL's one statement (≤ 64 rows) and its COPY path (patched bound 0);
 # SQLite has one path, and runs each case alike.
 PATHS = pytest.mark.parametrize("one_statement_max", [64, 0], ids=["one-statement", "copy"])
+
+
+def moved_after_validation(uuid: str, to: Node, one_statement_max: int) -> Any:
+    """Patches for one push: the write path, and an admin's move of ``uuid`` to ``to`` that
+    commits after ingest has read and validated the push, before its write."""
+    validate = ingest.samples_validate
+
+    def validate_then_move(**kwargs: Any) -> Any:
+        result = validate(**kwargs)
+        Gpu.objects.filter(uuid=uuid).update(node=to)  # no signal
+        return result
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(
+        mock.patch("telemetry.ingest_store.ONE_STATEMENT_MAX_ROWS", one_statement_max)
+    )
+    stack.enter_context(
+        mock.patch("telemetry.ingest.samples_validate", side_effect=validate_then_move)
+    )
+    return stack
 
 
 def test_gpu_moved_to_another_node_is_rejected_at_once(agent: Any, base: Any) -> None:  # noqa: F811
@@ -50,22 +71,12 @@ def test_move_between_read_and_write_is_refused_by_the_write(
     a, b = agent(), agent()
     first = [sample("GPU-w0", base), sample("GPU-w1", base)]
     assert a.post(push(first, [gpu_block("GPU-w0"), gpu_block("GPU-w1", 1)])).status_code == 200
-    validate = ingest.samples_validate
-
-    def validate_then_move(**kwargs: Any) -> Any:
-        result = validate(**kwargs)
-        Gpu.objects.filter(uuid="GPU-w1").update(node=b.node)  # an admin's move commits
-        return result
-
     later = [
         sample(uuid, base + dt.timedelta(minutes=m))
         for m in (1, 2)
         for uuid in ("GPU-w0", "GPU-w1")
     ]
-    with (
-        mock.patch("telemetry.ingest_store.ONE_STATEMENT_MAX_ROWS", one_statement_max),
-        mock.patch("telemetry.ingest.samples_validate", side_effect=validate_then_move),
-    ):
+    with moved_after_validation("GPU-w1", b.node, one_statement_max):
         r = a.post(push(later))
     assert r.status_code == 200, r.content
     assert r.json() == {
@@ -90,18 +101,8 @@ def test_move_between_read_and_write_of_a_replay(
     nothing stored for it, and its rows are rejected rather than counted as duplicates."""
     a, b = agent(), agent()
     a.post(push([sample("GPU-d0", base)], [gpu_block("GPU-d0")]))
-    validate = ingest.samples_validate
-
-    def validate_then_move(**kwargs: Any) -> Any:
-        result = validate(**kwargs)
-        Gpu.objects.filter(uuid="GPU-d0").update(node=b.node)
-        return result
-
     replay = [sample("GPU-d0", base), sample("GPU-d0", base + dt.timedelta(minutes=1))]
-    with (
-        mock.patch("telemetry.ingest_store.ONE_STATEMENT_MAX_ROWS", one_statement_max),
-        mock.patch("telemetry.ingest.samples_validate", side_effect=validate_then_move),
-    ):
+    with moved_after_validation("GPU-d0", b.node, one_statement_max):
         r = a.post(push(replay))
     assert r.status_code == 400
     assert [x["index"] for x in r.json()["rejected"]] == [0, 1]

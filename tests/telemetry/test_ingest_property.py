@@ -101,7 +101,7 @@ def test_no_accepted_sample_breaks_a_range_and_no_rejected_one_is_stored(batch: 
         samples.append({"gpu": gpu.uuid, "start": start.strftime("%Y-%m-%dT%H:%M:%SZ"), **fields})
     payload = json.dumps({"samples": samples}).encode()
 
-    result = sample_batch_ingest(node=node, payload_bytes=payload, now=timezone.now())
+    result = sample_batch_ingest(node_id=node.pk, payload_bytes=payload, now=timezone.now())
 
     rejected = {r.index for r in result.rejected}
     assert result.accepted + result.duplicates + len(rejected) == len(samples)

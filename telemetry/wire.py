@@ -1,0 +1,313 @@
+"""The ingest wire format (docs/ingest.md): typed structs, decoding and the answers' errors.
+
+The body is decoded by msgspec straight into typed structs (type and range checks in C), never
+into DRF serializers or model instances. Everything here is pure: what needs the server's
+state (the GPUs, the clock) is checked in ``telemetry.ingest``.
+
+Whole-request problems (malformed JSON, too many samples or GPUs, a bad ``node`` or ``gpus``
+block) raise :class:`IngestError` with the field to blame; a bad sample becomes a
+:class:`Rejected` in its place, and the rest of its batch is stored.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import msgspec
+from django.conf import settings
+
+from fleet.identifiers import identifier_error, text_error
+
+# The widest values the columns hold (smallint, bigint): anything wider is bad input, not a 500.
+SMALLINT_MAX = 32_767
+BIGINT_MAX = 2**63 - 1
+THROTTLE_KEYS = ("power_cap", "thermal", "hw_slowdown", "other", "any")
+# The longest GPU uuid (fleet.Gpu.uuid) and reported hostname (fleet.Node.reported_hostname).
+UUID_MAX = 100
+HOSTNAME_MAX = 255
+
+Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=3600)]
+
+
+# --- wire structs ------------------------------------------------------------------------------
+class ThrottleIn(msgspec.Struct):
+    """Seconds of the interval with each throttle reason set; checked against ``seconds``."""
+
+    power_cap: Seconds | None = None
+    thermal: Seconds | None = None
+    hw_slowdown: Seconds | None = None
+    other: Seconds | None = None
+    any: Seconds | None = None
+
+
+class SampleIn(msgspec.Struct):
+    """One sample as sent; constraints here are the context-free ranges of docs/ingest.md.
+
+    Every float is range-constrained, which also rejects NaN and ±Infinity (JSON has neither;
+    a Python agent's ``NaN`` literal reaches here through the lenient fallback decoder).
+    """
+
+    gpu: Annotated[str, msgspec.Meta(min_length=1, max_length=UUID_MAX)]
+    start: Annotated[dt.datetime, msgspec.Meta(tz=True)]
+    seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)]
+    util_pct: Pct
+    mem_util_pct: Pct | None = None
+    mem_used_bytes: Annotated[int, msgspec.Meta(ge=0, le=BIGINT_MAX)] | None = None
+    procs: Annotated[int, msgspec.Meta(ge=0, le=SMALLINT_MAX)] | None = None
+    power_w: Annotated[float, msgspec.Meta(ge=0, le=5000)] | None = None
+    energy_j: Annotated[float, msgspec.Meta(ge=0, le=1e300)] | None = None
+    temp_c: Annotated[float, msgspec.Meta(ge=-50, le=150)] | None = None
+    sm_clock_mhz: Annotated[float, msgspec.Meta(ge=0, le=100_000)] | None = None
+    throttle_s: ThrottleIn | None = None
+    active_s: Seconds | None = None
+    sm_active: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+
+
+class NodeIn(msgspec.Struct):
+    """What the agent says about its node; recorded, never trusted (the token names the node)."""
+
+    hostname: Annotated[str, msgspec.Meta(max_length=HOSTNAME_MAX)] = ""
+    agent_version: Annotated[str, msgspec.Meta(max_length=50)] = ""
+    driver_version: Annotated[str, msgspec.Meta(max_length=50)] = ""
+    # Samples the agent's full spool dropped since its last successful push.
+    spool_dropped_samples: Annotated[int, msgspec.Meta(ge=0, le=BIGINT_MAX)] = 0
+
+
+class GpuIn(msgspec.Struct):
+    uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=UUID_MAX)]
+    index: Annotated[int, msgspec.Meta(ge=0, le=SMALLINT_MAX)] | None = None
+    name: Annotated[str, msgspec.Meta(max_length=100)] = ""
+    memory_total_bytes: Annotated[int, msgspec.Meta(ge=0, le=BIGINT_MAX)] | None = None
+    power_limit_w: Annotated[float, msgspec.Meta(ge=0, le=5000)] | None = None
+    # "lost": the agent can no longer reach it (off the bus); "ok" or absent: present.
+    status: Literal["ok", "lost"] | None = None
+
+    @property
+    def is_lost(self) -> bool:
+        return self.status == "lost"
+
+
+class PushIn(msgspec.Struct):
+    """The whole push with samples decoded: the fast path when nothing in it is bad."""
+
+    samples: list[SampleIn]
+    node: NodeIn = msgspec.field(default_factory=NodeIn)
+    gpus: list[GpuIn] = msgspec.field(default_factory=list)
+
+
+class PushRawIn(msgspec.Struct):
+    """The push with samples left raw, to decode (and reject) them one by one."""
+
+    samples: list[msgspec.Raw]
+    node: NodeIn = msgspec.field(default_factory=NodeIn)
+    gpus: list[GpuIn] = msgspec.field(default_factory=list)
+
+
+class PushLooseIn(msgspec.Struct):
+    """The push as the standard library parsed it (``NaN`` literals), samples still loose."""
+
+    samples: list[Any]
+    node: NodeIn = msgspec.field(default_factory=NodeIn)
+    gpus: list[GpuIn] = msgspec.field(default_factory=list)
+
+
+Push = PushIn | PushRawIn | PushLooseIn
+
+_push_decoder = msgspec.json.Decoder(PushIn, strict=True)
+_push_raw_decoder = msgspec.json.Decoder(PushRawIn, strict=True)
+_sample_decoder = msgspec.json.Decoder(SampleIn, strict=True)
+
+
+# --- errors ------------------------------------------------------------------------------------
+class IngestError(Exception):
+    """The whole push is refused: ``status`` (400/413) and the field to blame."""
+
+    def __init__(self, status: int, field_name: str, error: str) -> None:
+        super().__init__(f"{field_name}: {error}")
+        self.status = status
+        self.field = field_name
+        self.error = error
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": f"{self.field}: {self.error}", "field": self.field, "error": self.error}
+
+
+@dataclass(slots=True)
+class Rejected:
+    """One sample refused: its index in the push, the field to blame and why."""
+
+    index: int
+    field: str
+    error: str
+
+
+_AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"missing required field `(?P<name>[^`]+)`")
+_INDEX = re.compile(r"\[(\d+)\]")
+_NUMBER_TYPES = ("`float`", "`int`")
+_RANGES = {
+    "seconds": "must be an integer within 1–3600",
+    "util_pct": "must be a number within 0–100",
+    "mem_util_pct": "must be a number within 0–100",
+    "mem_used_bytes": "must be an integer ≥ 0 (bytes)",
+    "procs": f"must be an integer within 0–{SMALLINT_MAX}",
+    "power_w": "must be a number within 0–5000",
+    "energy_j": "must be a finite number ≥ 0",
+    "temp_c": "must be a number within −50–150",
+    "sm_clock_mhz": "must be a finite number ≥ 0",
+    "active_s": "must be a number within 0–seconds",
+    "sm_active": "must be a number within 0–1",
+    "memory_total_bytes": "must be an integer ≥ 0 (bytes)",
+    "power_limit_w": "must be a number within 0–5000",
+    "index": f"must be an integer within 0–{SMALLINT_MAX}",
+    "spool_dropped_samples": "must be an integer ≥ 0",
+}
+
+
+def validation_error_split(exc: msgspec.ValidationError, root: str = "body") -> tuple[str, str]:
+    """msgspec's message → (field path like ``throttle_s.thermal`` or ``gpus[0].uuid``, reason).
+
+    ``root`` names the decoded value itself when the error is about the whole of it.
+    """
+    message = str(exc)
+    path = ""
+    match = _AT_PATH.search(message)
+    if match:
+        path = match.group("path").lstrip(".")
+        message = message[: match.start()]
+    missing = _MISSING.search(message)
+    if missing:
+        name = missing.group("name")
+        return (f"{path}.{name}" if path else name), "required"
+    leaf = path.rsplit(".", 1)[-1]
+    leaf = _INDEX.sub("", leaf)
+    if (
+        message.startswith("Expected")
+        and "got `str`" in message
+        and (any(t in message for t in _NUMBER_TYPES))
+    ):
+        return path or root, "must be a number, not a string (NaN and Infinity are not allowed)"
+    if "timezone" in message:
+        return path, "must be an RFC 3339 timestamp with a time zone (e.g. 2026-11-30T09:00:00Z)"
+    if "RFC3339" in message:
+        return path, "not an RFC 3339 timestamp (e.g. 2026-11-30T09:00:00Z)"
+    if leaf.startswith("throttle_s") or path.startswith("throttle_s."):
+        if ">=" in message or "<=" in message:
+            return path, "must be a number within 0–seconds"
+    if leaf in _RANGES and (
+        ">=" in message or "<=" in message or "out of range" in message or "got `float`" in message
+    ):
+        return path, _RANGES[leaf]
+    return path or root, message
+
+
+# --- decoding ----------------------------------------------------------------------------------
+def push_decode(payload: bytes) -> tuple[Push, bool]:
+    """Decode and check the envelope; the flag says whether its samples are already typed and
+    valid (the fast path). Raises :class:`IngestError` for a push refused as a whole."""
+    push, typed = _envelope_decode(payload)
+    max_samples = settings.INGEST_MAX_SAMPLES
+    if len(push.samples) > max_samples:
+        raise IngestError(
+            413, "samples", f"{len(push.samples)} samples; at most {max_samples} per push"
+        )
+    max_gpus = settings.INGEST_MAX_GPUS
+    if len(push.gpus) > max_gpus:
+        raise IngestError(
+            413, "gpus", f"{len(push.gpus)} GPUs; at most {max_gpus} per push (INGEST_MAX_GPUS)"
+        )
+    _strings_check(push)
+    return push, typed
+
+
+def _envelope_decode(payload: bytes) -> tuple[Push, bool]:
+    if not payload.strip():
+        raise IngestError(400, "body", "empty body: expected a JSON object")
+    if b"\\u0000" in payload:
+        # PostgreSQL text cannot hold NUL: refuse it here rather than fail in the database
+        # (which would answer 503 and make the agent retry a push that can never succeed).
+        raise IngestError(400, "body", "strings must not contain NUL (\\u0000)")
+    try:
+        try:
+            try:
+                return _push_decoder.decode(payload), True
+            except msgspec.ValidationError:
+                pass  # some part is bad: leave the samples raw to find out which
+            try:
+                return _push_raw_decoder.decode(payload), False
+            except msgspec.ValidationError as exc:
+                name, error = validation_error_split(exc)
+                raise IngestError(400, name, error) from None
+        except msgspec.DecodeError as exc:
+            # Not JSON as RFC 8259 defines it. Python agents write NaN and Infinity as bare
+            # literals: parse those leniently so that only the affected samples are rejected.
+            try:
+                loose = json.loads(payload)
+            except ValueError:
+                raise IngestError(400, "body", f"malformed JSON: {exc}") from None
+            try:
+                return msgspec.convert(loose, PushLooseIn, strict=True), False
+            except msgspec.ValidationError as exc2:
+                name, error = validation_error_split(exc2)
+                raise IngestError(400, name, error) from None
+    except RecursionError:
+        # Both decoders refuse deeply nested arrays and objects by recursing until Python's
+        # limit; no part of the format nests more than three levels.
+        raise IngestError(400, "body", "nested too deeply: not the ingest format") from None
+
+
+def _strings_check(push: Push) -> None:
+    """The node and GPU blocks' strings: identifiers as fleet.identifiers defines them, the
+    rest printable text (a lone surrogate or control character would otherwise fail in the
+    database, or reach a page)."""
+    node = push.node
+    if node.hostname:
+        _string_check("node.hostname", identifier_error(node.hostname, max_length=HOSTNAME_MAX))
+    _string_check("node.agent_version", text_error(node.agent_version, max_length=50))
+    _string_check("node.driver_version", text_error(node.driver_version, max_length=50))
+    for i, gpu in enumerate(push.gpus):
+        _string_check(f"gpus[{i}].uuid", identifier_error(gpu.uuid, max_length=UUID_MAX))
+        _string_check(f"gpus[{i}].name", text_error(gpu.name, max_length=100))
+
+
+def _string_check(field_name: str, error: str | None) -> None:
+    if error is not None:
+        raise IngestError(400, field_name, error)
+
+
+def samples_decode(push: Push, typed: bool) -> list[SampleIn | Rejected]:
+    """Every sample of ``push`` decoded, or a :class:`Rejected` in its place (so indices stay
+    those of the push). A sample's ``gpu`` must be an identifier; each distinct value is
+    checked once."""
+    samples: list[SampleIn | Rejected]
+    if typed:
+        samples = list(push.samples)  # type: ignore[arg-type]
+    else:
+        samples = []
+        for i, raw in enumerate(push.samples):
+            try:
+                if isinstance(raw, msgspec.Raw):
+                    samples.append(_sample_decoder.decode(raw))
+                else:
+                    samples.append(msgspec.convert(raw, SampleIn, strict=True))
+            except msgspec.ValidationError as exc:
+                name, error = validation_error_split(exc, root="sample")
+                samples.append(Rejected(i, name, error))
+            except RecursionError:
+                samples.append(Rejected(i, "sample", "nested too deeply"))
+    bad: dict[str, str] = {}
+    for uuid in {s.gpu for s in samples if type(s) is SampleIn}:
+        why = identifier_error(uuid, max_length=UUID_MAX)
+        if why is not None:
+            bad[uuid] = why
+    if bad:
+        samples = [
+            Rejected(i, "gpu", bad[s.gpu]) if type(s) is SampleIn and s.gpu in bad else s
+            for i, s in enumerate(samples)
+        ]
+    return samples
