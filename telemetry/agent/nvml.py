@@ -350,7 +350,19 @@ class Collector:
                 if samples:
                     g.util_ts = max(int(s.timeStamp) for s in samples) - 1_000_000
             except pynvml.NVMLError as e:
-                self._handle(g, "util_samples", e)
+                if classify(e) == UNSUPPORTED:
+                    self._samples_off(g, e)  # at once: the first tick must not ask again
+                else:
+                    self._handle(g, "util_samples", e)
+
+    def _samples_off(self, g: Gpu, e: BaseException) -> None:
+        g.use_samples = False
+        log.info(
+            "GPU %d %s: utilisation samples unavailable (%s); using utilisation rates",
+            g.index,
+            g.uuid,
+            e,
+        )
 
     def inventory(self) -> list[dict[str, Any]]:
         # called from the sender thread: take a snapshot of the values first
@@ -429,13 +441,7 @@ class Collector:
             if e.value == _NOT_FOUND:
                 return 0.0  # no sample since the last tick: the GPU ran no kernel
             if classify(e) == UNSUPPORTED:
-                g.use_samples = False
-                log.info(
-                    "GPU %d %s: utilisation samples unavailable (%s); using utilisation rates",
-                    g.index,
-                    g.uuid,
-                    e,
-                )
+                self._samples_off(g, e)
                 return None
             self._handle(g, "util_samples", e)
             return None

@@ -323,3 +323,25 @@ def test_stuck_counter_rule_boundaries(power_w: int, counter_j_per_s: int, energ
 
     agent, clock, _ = make([ScriptedGpu(U1, 0, H100, flat, energy=slow)])
     assert only(run(agent, clock, T0, T0 + 10), U1, START)["energy_j"] == energy_j
+
+
+def test_utilisation_samples_unsupported_at_discovery_is_asked_once_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Counting(FakeNvml):
+        samples_calls = 0
+
+        def nvmlDeviceGetSamples(self, device: Any, sampling_type: int, timeStamp: int) -> Any:
+            Counting.samples_calls += 1
+            return super().nvmlDeviceGetSamples(device, sampling_type, timeStamp)
+
+    clock = VirtualClock(T0)
+    g = ScriptedGpu(U1, 0, H100, script, energy=counter, unsupported=["util_samples"])
+    agent = Agent(Counting([g], clock.time), spool_dir=None, interval_s=10, clock=clock)
+    with caplog.at_level(logging.DEBUG, logger="gpufleet.agent"):
+        s = only(run(agent, clock, T0, T0 + 10), U1, START)
+    assert s["util_pct"] == 50.0  # from the utilisation rates instead
+    # NOT_SUPPORTED at discovery switches the buffered path off there: no tick asks again
+    assert Counting.samples_calls == 1
+    lines = [r.getMessage() for r in caplog.records if "sampl" in r.getMessage()]
+    assert len(lines) == 1 and "utilisation samples unavailable" in lines[0], lines
