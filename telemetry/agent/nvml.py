@@ -214,7 +214,8 @@ class Gpu:
         if self.power_limit_w is not None:
             d["power_limit_w"] = self.power_limit_w
         if self.lost:
-            d["status"] = "lost"  # unknown keys are ignored by the server; the log says why
+            # the server sets the GPU's lost_at, and clears it when a push lists it present
+            d["status"] = "lost"
         return d
 
 
