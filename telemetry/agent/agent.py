@@ -61,7 +61,7 @@ class Agent:
                     url=ingest_url(server),
                     token=token or "",
                     node=self.node_info,
-                    gpus=self.collector.inventory,
+                    gpus=self._inventory,
                     post=post,
                     rng=rng,
                     max_batch=max_batch,
@@ -69,6 +69,11 @@ class Agent:
                 )
         self._wake = threading.Event()
         self.ticks = 0
+        self._saved_inventory: list[dict[str, Any]] = []
+
+    def _inventory(self) -> list[dict[str, Any]] | None:
+        """The GPU block for a push; ``None`` until NVML has listed the GPUs (Delivery waits)."""
+        return self.collector.inventory() if self.collector.discovered else None
 
     def node_info(self) -> dict[str, Any]:
         d: dict[str, Any] = {"hostname": self.hostname, "agent_version": __version__}
@@ -83,6 +88,13 @@ class Agent:
         the samples of intervals that closed, after storing them in the spool."""
         self.ticks += 1
         res = self.collector.read(float(t))
+        if self.spool is not None:
+            # Before any sample of a GPU is spooled, so that a push after a restart can still
+            # describe a GPU that is gone by then (Delivery.block).
+            inventory = self.collector.inventory()
+            if inventory != self._saved_inventory:
+                self.spool.gpus_save(inventory)
+                self._saved_inventory = inventory
         s = self.summariser
         closed: list[dict[str, Any]] = []
         for uuid in res.lost:
@@ -135,9 +147,8 @@ class Agent:
                 sender.join(timeout=35.0)
             if self.delivery is not None:
                 # one last try, so a clean stop leaves nothing behind when the server is up
-                deadline = clock.time() + 10.0
                 self.delivery.next_attempt = 0.0
-                self.delivery.drain(clock.time, deadline=deadline)
+                self.delivery.drain(clock.time, within_s=10.0)
 
     def _send_loop(self, stop: threading.Event) -> None:
         assert self.delivery is not None

@@ -251,6 +251,7 @@ class Collector:
         self.gpus: dict[str, Gpu] = {}
         self.driver_version: str | None = None
         self.up = False
+        self.discovered = False  # the GPUs have been listed once since the start
         self._next_init = 0.0
         self._init_failures = 0
         self._last_error: str | None = None
@@ -272,7 +273,7 @@ class Collector:
             return False
         if self._init_failures:
             log.warning("NVML is back after %d failed attempts", self._init_failures)
-        self.up = True
+        self.up = self.discovered = True
         self._init_failures = 0
         self._last_error = None
         return True
