@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,11 @@ from .summarise import Summariser
 log = logging.getLogger("gpufleet.agent")
 
 SPOOL_FILE = "spool.sqlite3"
+
+# A stop (SIGTERM) ends the agent within 10 s (docs/agent.md; the systemd unit kills at 45 s).
+# The loop notices the signal within a second (its sleep to the next tick); the last push gets
+# this much real time after that, and a second is left to exit.
+STOP_BUDGET_S = 8.0
 
 
 class Agent:
@@ -68,6 +74,8 @@ class Agent:
                     max_backoff_s=max_backoff_s,
                 )
         self._wake = threading.Event()
+        self._sender: threading.Thread | None = None
+        self._stop_until = 0.0  # time.monotonic() by which the sender must be done
         self.ticks = 0
         self._saved_inventory: list[dict[str, Any]] = []
 
@@ -119,7 +127,11 @@ class Agent:
         clock = self.clock
         sender = None
         if self.delivery is not None:
-            sender = threading.Thread(target=self._send_loop, args=(stop,), daemon=True)
+            # daemon: a POST still in flight when the stop budget runs out must not hold the
+            # process (its samples are in the spool and go again after the restart)
+            sender = self._sender = threading.Thread(
+                target=self._send_loop, args=(stop,), daemon=True
+            )
             sender.start()
         t = math.floor(clock.time()) + 1
         n = 0
@@ -139,18 +151,24 @@ class Agent:
                 if max_ticks is not None and n >= max_ticks:
                     break
         finally:
+            self._stop_until = time.monotonic() + STOP_BUDGET_S
             self.flush()
             self.collector.shutdown()
             stop.set()
             self._wake.set()
             if sender is not None:
-                sender.join(timeout=35.0)
-            if self.delivery is not None:
-                # one last try, so a clean stop leaves nothing behind when the server is up
-                self.delivery.next_attempt = 0.0
-                self.delivery.drain(clock.time, within_s=10.0)
+                sender.join(timeout=max(0.0, self._stop_until - time.monotonic()))
+                if sender.is_alive():
+                    pending = self.spool.pending() if self.spool is not None else 0
+                    log.warning(
+                        "stopping with a push in flight: its samples are in the spool "
+                        "(%d samples), sent after the next start",
+                        pending,
+                    )
 
     def _send_loop(self, stop: threading.Event) -> None:
+        """Deliver until ``stop``, then make one last try, so that a clean stop leaves nothing
+        behind when the server is up, within the stop budget (no POST outlives it)."""
         assert self.delivery is not None
         d, clock = self.delivery, self.clock
         while not stop.is_set():
@@ -167,9 +185,15 @@ class Agent:
             speed = float(getattr(clock, "speed", 1.0))
             self._wake.wait(timeout=max(0.01, min(wait, 60.0)) / speed)
             self._wake.clear()
+        d.next_attempt = 0.0
+        try:
+            d.drain(clock.time, within_s=self._stop_until - time.monotonic())
+        except Exception:
+            log.exception("the last push before stopping failed")
 
     def close(self) -> None:
         if self.spool is not None:
             self.spool.close()
-        if self.delivery is not None:
+        # a sender abandoned mid-POST may still touch its connection: leave that to the exit
+        if self.delivery is not None and not (self._sender and self._sender.is_alive()):
             self.delivery.spool.close()
