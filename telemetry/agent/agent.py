@@ -33,6 +33,10 @@ SPOOL_FILE = "spool.sqlite3"
 # this much real time after that, and a second is left to exit.
 STOP_BUDGET_S = 8.0
 
+# A full spool drops its oldest samples at every interval while the server stays away: say so
+# at once, then at most once per this many seconds (each line counts the drops since the last).
+SPOOL_FULL_LOG_EVERY_S = 600.0
+
 
 class Agent:
     def __init__(
@@ -61,6 +65,7 @@ class Agent:
         if spool_dir is not None:
             path = os.path.join(spool_dir, SPOOL_FILE)
             self.spool = Spool(path, max_samples=spool_max_samples)
+            self._dropped_seen = self.spool.counter("dropped_total")
             if server:
                 self.delivery = Delivery(
                     Spool(path, max_samples=spool_max_samples),
@@ -78,6 +83,8 @@ class Agent:
         self._stop_until = 0.0  # time.monotonic() by which the sender must be done
         self.ticks = 0
         self._saved_inventory: list[dict[str, Any]] = []
+        self._dropped_unlogged = 0
+        self._dropped_log_next = -math.inf
 
     def _inventory(self) -> list[dict[str, Any]] | None:
         """The GPU block for a push; ``None`` until NVML has listed the GPUs (Delivery waits)."""
@@ -111,16 +118,36 @@ class Agent:
             closed.extend(s.add(uuid, t - 1, r))
         closed.extend(s.close_due(t))
         if closed and self.spool is not None:
-            self.spool.add(closed)
+            self._store(closed)
             self._wake.set()
         return closed
 
     def flush(self) -> list[dict[str, Any]]:
         """Close every open interval now (on shutdown), storing the partial samples."""
         closed = self.summariser.flush()
-        if closed and self.spool is not None:
-            self.spool.add(closed)
+        if self.spool is not None:
+            self._store(closed, last=True)
         return closed
+
+    def _store(self, closed: list[dict[str, Any]], *, last: bool = False) -> None:
+        """Spool ``closed``; when the full spool dropped samples for it, log that (rate-limited;
+        ``last``: the stop, which logs what is left to count)."""
+        assert self.spool is not None
+        self.spool.add(closed)
+        total = self.spool.counter("dropped_total")
+        self._dropped_unlogged += total - self._dropped_seen
+        self._dropped_seen = total
+        now = self.clock.time()
+        if self._dropped_unlogged and (last or now >= self._dropped_log_next):
+            log.warning(
+                "spool full (%d samples, --spool-max-samples): dropped the %d oldest since the "
+                "last such line, %d in all; the server is told (spool_dropped_samples)",
+                self.spool.max_samples,
+                self._dropped_unlogged,
+                total,
+            )
+            self._dropped_unlogged = 0
+            self._dropped_log_next = now + SPOOL_FULL_LOG_EVERY_S
 
     def run(self, stop: threading.Event, *, max_ticks: int | None = None) -> None:
         """Tick on every whole second of ``self.clock`` until ``stop`` is set."""

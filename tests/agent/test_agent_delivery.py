@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import sqlite3
 from datetime import UTC, datetime
 from typing import Any
@@ -395,3 +396,28 @@ def test_spool_skips_intervals_already_reported(tmp_path: Any) -> None:
     assert sp.add([sample(1), sample(2)]) == 1
     assert [s["start"] for s in sp.oldest(10).samples] == [sample(i)["start"] for i in range(3)]  # type: ignore[union-attr]
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_full_spool_is_logged_at_once_then_at_most_every_ten_minutes(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = VirtualClock(T0)
+    fleet = FakeFleet(SPEC, seed=1, epoch=T0)
+    host = fleet.nodes[0]
+    # no server: the spool (4 samples = two minutes of two GPUs) only fills
+    agent = Agent(
+        fleet.backend(host, clock.time), spool_dir=str(tmp_path), clock=clock, spool_max_samples=4
+    )
+    with caplog.at_level(logging.WARNING, logger="gpufleet.agent"):
+        for t in range(T0 + 1, T0 + 1801):
+            clock.set(t + 0.001)
+            agent.tick(t)
+        agent.flush()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("spool full")]
+    # 30 minutes × 2 GPUs = 60 samples, 4 kept: 56 dropped, 2 at each minute from minute 2 on.
+    # Minute 2 (09:03:00) logs at once; then minute 12 (10 min later) the 20 of minutes 3–12;
+    # minute 22 the 20 of minutes 13–22; the stop the 14 of minutes 23–29.
+    counts = [re.search(r"dropped the (\d+) oldest .*, (\d+) in all", m) for m in lines]
+    assert [(int(c[1]), int(c[2])) for c in counts if c] == [(2, 2), (20, 22), (20, 42), (14, 56)]
+    assert agent.spool is not None and agent.spool.counter("dropped_total") == 56
+    agent.close()
