@@ -421,3 +421,31 @@ def test_full_spool_is_logged_at_once_then_at_most_every_ten_minutes(
     assert [(int(c[1]), int(c[2])) for c in counts if c] == [(2, 2), (20, 22), (20, 42), (14, 56)]
     assert agent.spool is not None and agent.spool.counter("dropped_total") == 56
     agent.close()
+
+
+def test_restart_inside_an_interval_loses_the_rest_of_it_and_invents_nothing(
+    tmp_path: Any,
+) -> None:
+    """The worst case docs/agent.md states: a clean stop 1 s into a 60 s interval and a restart
+    right away; the interval keeps its 1 s, the 58 s seen after the restart are not sent."""
+    fleet = FakeFleet("nodes=1,gpus=1,model=H100,pattern=training", seed=1, epoch=T0)
+    host = fleet.nodes[0]
+    clock = VirtualClock(T0)
+
+    def run_agent(t_from: int, t_to: int) -> None:
+        agent = Agent(fleet.backend(host, clock.time), spool_dir=str(tmp_path), clock=clock)
+        for t in range(t_from, t_to + 1):
+            clock.set(t + 0.001)
+            agent.tick(t)
+        agent.flush()  # the clean stop
+        agent.close()
+
+    run_agent(T0 + 1, T0 + 1)  # reads second T0 only, then stops
+    run_agent(T0 + 3, T0 + 120)  # back 2 s later: seconds T0+2 … T0+119
+    sp = Spool(str(tmp_path / SPOOL_FILE))
+    batch = sp.oldest(10)
+    assert batch is not None
+    assert [(s["start"], s["seconds"]) for s in batch.samples] == [
+        ("2026-11-30T09:00:00Z", 1),  # not 1 + 58: a (gpu, start) is reported once
+        ("2026-11-30T09:01:00Z", 60),
+    ]
