@@ -65,7 +65,6 @@ class Agent:
         if spool_dir is not None:
             path = os.path.join(spool_dir, SPOOL_FILE)
             self.spool = Spool(path, max_samples=spool_max_samples)
-            self._dropped_seen = self.spool.counter("dropped_total")
             if server:
                 self.delivery = Delivery(
                     Spool(path, max_samples=spool_max_samples),
@@ -83,6 +82,8 @@ class Agent:
         self._stop_until = 0.0  # time.monotonic() by which the sender must be done
         self.ticks = 0
         self._saved_inventory: list[dict[str, Any]] = []
+        # full-spool drops: counted so far (from the spool file, across restarts), not logged yet
+        self._dropped_seen = self.spool.counter("dropped_total") if self.spool else 0
         self._dropped_unlogged = 0
         self._dropped_log_next = -math.inf
 
@@ -188,8 +189,8 @@ class Agent:
                 if sender.is_alive():
                     pending = self.spool.pending() if self.spool is not None else 0
                     log.warning(
-                        "stopping with a push in flight: its samples are in the spool "
-                        "(%d samples), sent after the next start",
+                        "stopping with a push in flight; its samples stay in the spool "
+                        "(%d samples wait there for the next start)",
                         pending,
                     )
 
