@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,15 @@ from .summarise import Summariser
 log = logging.getLogger("gpufleet.agent")
 
 SPOOL_FILE = "spool.sqlite3"
+
+# A stop (SIGTERM) ends the agent within 10 s (docs/agent.md; the systemd unit kills at 45 s).
+# The loop notices the signal within a second (its sleep to the next tick); the last push gets
+# this much real time after that, and a second is left to exit.
+STOP_BUDGET_S = 8.0
+
+# A full spool drops its oldest samples at every interval while the server stays away: say so
+# at once, then at most once per this many seconds (each line counts the drops since the last).
+SPOOL_FULL_LOG_EVERY_S = 600.0
 
 
 class Agent:
@@ -61,14 +71,25 @@ class Agent:
                     url=ingest_url(server),
                     token=token or "",
                     node=self.node_info,
-                    gpus=self.collector.inventory,
+                    gpus=self._inventory,
                     post=post,
                     rng=rng,
                     max_batch=max_batch,
                     max_backoff_s=max_backoff_s,
                 )
         self._wake = threading.Event()
+        self._sender: threading.Thread | None = None
+        self._stop_until = 0.0  # time.monotonic() by which the sender must be done
         self.ticks = 0
+        self._saved_inventory: list[dict[str, Any]] = []
+        # full-spool drops: counted so far (from the spool file, across restarts), not logged yet
+        self._dropped_seen = self.spool.counter("dropped_total") if self.spool else 0
+        self._dropped_unlogged = 0
+        self._dropped_log_next = -math.inf
+
+    def _inventory(self) -> list[dict[str, Any]] | None:
+        """The GPU block for a push; ``None`` until NVML has listed the GPUs (Delivery waits)."""
+        return self.collector.inventory() if self.collector.discovered else None
 
     def node_info(self) -> dict[str, Any]:
         d: dict[str, Any] = {"hostname": self.hostname, "agent_version": __version__}
@@ -83,6 +104,13 @@ class Agent:
         the samples of intervals that closed, after storing them in the spool."""
         self.ticks += 1
         res = self.collector.read(float(t))
+        if self.spool is not None:
+            # Before any sample of a GPU is spooled, so that a push after a restart can still
+            # describe a GPU that is gone by then (Delivery.block).
+            inventory = self.collector.inventory()
+            if inventory != self._saved_inventory:
+                self.spool.gpus_save(inventory)
+                self._saved_inventory = inventory
         s = self.summariser
         closed: list[dict[str, Any]] = []
         for uuid in res.lost:
@@ -91,23 +119,47 @@ class Agent:
             closed.extend(s.add(uuid, t - 1, r))
         closed.extend(s.close_due(t))
         if closed and self.spool is not None:
-            self.spool.add(closed)
+            self._store(closed)
             self._wake.set()
         return closed
 
     def flush(self) -> list[dict[str, Any]]:
         """Close every open interval now (on shutdown), storing the partial samples."""
         closed = self.summariser.flush()
-        if closed and self.spool is not None:
-            self.spool.add(closed)
+        if self.spool is not None:
+            self._store(closed, last=True)
         return closed
+
+    def _store(self, closed: list[dict[str, Any]], *, last: bool = False) -> None:
+        """Spool ``closed``; when the full spool dropped samples for it, log that (rate-limited;
+        ``last``: the stop, which logs what is left to count)."""
+        assert self.spool is not None
+        self.spool.add(closed)
+        total = self.spool.counter("dropped_total")
+        self._dropped_unlogged += total - self._dropped_seen
+        self._dropped_seen = total
+        now = self.clock.time()
+        if self._dropped_unlogged and (last or now >= self._dropped_log_next):
+            log.warning(
+                "spool full (%d samples, --spool-max-samples): dropped the %d oldest since the "
+                "last such line, %d in all; the server is told (spool_dropped_samples)",
+                self.spool.max_samples,
+                self._dropped_unlogged,
+                total,
+            )
+            self._dropped_unlogged = 0
+            self._dropped_log_next = now + SPOOL_FULL_LOG_EVERY_S
 
     def run(self, stop: threading.Event, *, max_ticks: int | None = None) -> None:
         """Tick on every whole second of ``self.clock`` until ``stop`` is set."""
         clock = self.clock
         sender = None
         if self.delivery is not None:
-            sender = threading.Thread(target=self._send_loop, args=(stop,), daemon=True)
+            # daemon: a POST still in flight when the stop budget runs out must not hold the
+            # process (its samples are in the spool and go again after the restart)
+            sender = self._sender = threading.Thread(
+                target=self._send_loop, args=(stop,), daemon=True
+            )
             sender.start()
         t = math.floor(clock.time()) + 1
         n = 0
@@ -127,19 +179,24 @@ class Agent:
                 if max_ticks is not None and n >= max_ticks:
                     break
         finally:
+            self._stop_until = time.monotonic() + STOP_BUDGET_S
             self.flush()
             self.collector.shutdown()
             stop.set()
             self._wake.set()
             if sender is not None:
-                sender.join(timeout=35.0)
-            if self.delivery is not None:
-                # one last try, so a clean stop leaves nothing behind when the server is up
-                deadline = clock.time() + 10.0
-                self.delivery.next_attempt = 0.0
-                self.delivery.drain(clock.time, deadline=deadline)
+                sender.join(timeout=max(0.0, self._stop_until - time.monotonic()))
+                if sender.is_alive():
+                    pending = self.spool.pending() if self.spool is not None else 0
+                    log.warning(
+                        "stopping with a push in flight; its samples stay in the spool "
+                        "(%d samples wait there for the next start)",
+                        pending,
+                    )
 
     def _send_loop(self, stop: threading.Event) -> None:
+        """Deliver until ``stop``, then make one last try, so that a clean stop leaves nothing
+        behind when the server is up, within the stop budget (no POST outlives it)."""
         assert self.delivery is not None
         d, clock = self.delivery, self.clock
         while not stop.is_set():
@@ -156,9 +213,15 @@ class Agent:
             speed = float(getattr(clock, "speed", 1.0))
             self._wake.wait(timeout=max(0.01, min(wait, 60.0)) / speed)
             self._wake.clear()
+        d.next_attempt = 0.0
+        try:
+            d.drain(clock.time, within_s=self._stop_until - time.monotonic())
+        except Exception:
+            log.exception("the last push before stopping failed")
 
     def close(self) -> None:
         if self.spool is not None:
             self.spool.close()
-        if self.delivery is not None:
+        # a sender abandoned mid-POST may still touch its connection: leave that to the exit
+        if self.delivery is not None and not (self._sender and self._sender.is_alive()):
             self.delivery.spool.close()

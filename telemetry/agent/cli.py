@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stdout.write("\n")
                 return 0
             assert agent.delivery is not None
-            out = agent.delivery.drain(time.time, deadline=time.time() + 60.0)
+            out = agent.delivery.drain(time.time, within_s=60.0)
             return 0 if out == "idle" else 1
         stop = threading.Event()
 

@@ -214,7 +214,8 @@ class Gpu:
         if self.power_limit_w is not None:
             d["power_limit_w"] = self.power_limit_w
         if self.lost:
-            d["status"] = "lost"  # unknown keys are ignored by the server; the log says why
+            # the server sets the GPU's lost_at, and clears it when a push lists it present
+            d["status"] = "lost"
         return d
 
 
@@ -250,6 +251,7 @@ class Collector:
         self.gpus: dict[str, Gpu] = {}
         self.driver_version: str | None = None
         self.up = False
+        self.discovered = False  # the GPUs have been listed once since the start
         self._next_init = 0.0
         self._init_failures = 0
         self._last_error: str | None = None
@@ -271,7 +273,7 @@ class Collector:
             return False
         if self._init_failures:
             log.warning("NVML is back after %d failed attempts", self._init_failures)
-        self.up = True
+        self.up = self.discovered = True
         self._init_failures = 0
         self._last_error = None
         return True
@@ -350,7 +352,19 @@ class Collector:
                 if samples:
                     g.util_ts = max(int(s.timeStamp) for s in samples) - 1_000_000
             except pynvml.NVMLError as e:
-                self._handle(g, "util_samples", e)
+                if classify(e) == UNSUPPORTED:
+                    self._samples_off(g, e)  # at once: the first tick must not ask again
+                else:
+                    self._handle(g, "util_samples", e)
+
+    def _samples_off(self, g: Gpu, e: BaseException) -> None:
+        g.use_samples = False
+        log.info(
+            "GPU %d %s: utilisation samples unavailable (%s); using utilisation rates",
+            g.index,
+            g.uuid,
+            e,
+        )
 
     def inventory(self) -> list[dict[str, Any]]:
         # called from the sender thread: take a snapshot of the values first
@@ -429,13 +443,7 @@ class Collector:
             if e.value == _NOT_FOUND:
                 return 0.0  # no sample since the last tick: the GPU ran no kernel
             if classify(e) == UNSUPPORTED:
-                g.use_samples = False
-                log.info(
-                    "GPU %d %s: utilisation samples unavailable (%s); using utilisation rates",
-                    g.index,
-                    g.uuid,
-                    e,
-                )
+                self._samples_off(g, e)
                 return None
             self._handle(g, "util_samples", e)
             return None

@@ -1,8 +1,11 @@
 """The on-disk spool: every sample is written here before anything tries to send it.
 
 SQLite in WAL mode, one file. Samples leave the ``samples`` table only when the server has
-acknowledged them (2xx), when a 4xx moves their batch to ``quarantine``, or when the spool is
-full and the oldest are dropped (counted, and reported on the next successful push).
+taken them (accepted or duplicate), when the server refuses them for good (they move to
+``quarantine``, with the answer), or when the spool is full and the oldest are dropped
+(counted, and reported on the next successful push). The ``gpus`` table keeps the last
+inventory entry of every GPU the agent has seen, so a push after a restart can still describe
+a GPU whose samples wait in the spool.
 
 The collector thread writes and the sender thread reads and deletes, each on its own
 connection: WAL lets one write while the other reads.
@@ -14,6 +17,7 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,13 +44,16 @@ CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS gpus (
+    uuid TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+);
 """
 
 
 @dataclass
 class Batch:
-    first_id: int
-    last_id: int
+    ids: list[int]
     samples: list[dict[str, Any]]
 
 
@@ -157,29 +164,75 @@ class Spool:
         ).fetchall()
         if not rows:
             return None
-        return Batch(int(rows[0][0]), int(rows[-1][0]), [json.loads(r[1]) for r in rows])
+        return Batch([int(r[0]) for r in rows], [json.loads(r[1]) for r in rows])
 
-    def ack(self, batch: Batch, *, dropped_reported: int = 0) -> None:
-        """The server took the batch: forget it, and the drops it was told about."""
+    def settle(
+        self,
+        batch: Batch,
+        *,
+        keep: Collection[int] = (),
+        quarantine: Collection[int] = (),
+        status: int = 0,
+        reason: str = "",
+        dropped_reported: int = 0,
+    ) -> None:
+        """The server answered a push of ``batch``, in one transaction: the samples at the
+        positions in ``keep`` stay queued, those in ``quarantine`` move to the quarantine
+        table (with ``status`` and ``reason``), and the rest are done; ``dropped_reported``
+        drops were reported to the server."""
         with self._tx() as db:
-            db.execute(
-                "DELETE FROM samples WHERE id BETWEEN ? AND ?", (batch.first_id, batch.last_id)
-            )
+            if quarantine:
+                db.execute(
+                    "INSERT INTO quarantine (created, status, reason, samples) VALUES (?, ?, ?, ?)",
+                    (
+                        time.time(),
+                        status,
+                        reason[:2000],
+                        json.dumps([batch.samples[i] for i in sorted(quarantine)]),
+                    ),
+                )
+                self._add("quarantined_batches", 1)
+                self._add("quarantined_samples", len(quarantine))
+                self._quarantine_trim()
+            if keep:
+                kept = set(keep)
+                gone = [(batch.ids[i],) for i in range(len(batch.ids)) if i not in kept]
+                db.executemany("DELETE FROM samples WHERE id = ?", gone)
+            else:
+                # a batch is a run of consecutive ids (oldest first, ids only grow)
+                db.execute(
+                    "DELETE FROM samples WHERE id BETWEEN ? AND ?", (batch.ids[0], batch.ids[-1])
+                )
             if dropped_reported:
                 self._add("dropped_pending", -dropped_reported)
 
-    def quarantine(self, batch: Batch, status: int, reason: str) -> None:
-        """Keep a batch the server refused (4xx) aside, so it no longer blocks the queue."""
+    def _quarantine_trim(self) -> None:
+        # The quarantine has the spool's bound too: beyond max_samples the oldest go (counted).
+        live = self._get("quarantined_samples") - self._get("quarantine_trimmed")
+        while live > self.max_samples:
+            row = self.db.execute(
+                "SELECT id, samples FROM quarantine ORDER BY id LIMIT 1"
+            ).fetchone()
+            if row is None:
+                break
+            n = len(json.loads(row[1]))
+            self.db.execute("DELETE FROM quarantine WHERE id = ?", (row[0],))
+            self._add("quarantine_trimmed", n)
+            live -= n
+
+    # -- the GPU inventory ------------------------------------------------------------------
+
+    def gpus_save(self, inventory: list[dict[str, Any]]) -> None:
+        """Remember each GPU's inventory entry (GPUs no longer listed keep their last one)."""
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO quarantine (created, status, reason, samples) VALUES (?, ?, ?, ?)",
-                (time.time(), status, reason[:2000], json.dumps(batch.samples)),
+            db.executemany(
+                "INSERT INTO gpus (uuid, body) VALUES (?, ?) "
+                "ON CONFLICT (uuid) DO UPDATE SET body = excluded.body",
+                [(g["uuid"], json.dumps(g, separators=(",", ":"))) for g in inventory],
             )
-            db.execute(
-                "DELETE FROM samples WHERE id BETWEEN ? AND ?", (batch.first_id, batch.last_id)
-            )
-            self._add("quarantined_batches", 1)
-            self._add("quarantined_samples", len(batch.samples))
+
+    def gpus_saved(self) -> dict[str, dict[str, Any]]:
+        return {str(r[0]): json.loads(r[1]) for r in self.db.execute("SELECT uuid, body FROM gpus")}
 
     def dropped_pending(self) -> int:
         return self._get("dropped_pending")

@@ -13,13 +13,27 @@ real agent) and the analytic path (the fleet simulator) round identically.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
+log = logging.getLogger("gpufleet.agent")
+
 THROTTLE_KEYS = ("power_cap", "thermal", "hw_slowdown", "other", "any")
+
+# A stuck energy counter (DESIGN §3): over the seconds that have both a counter delta and a
+# power reading, the counter grew by less than STUCK_RATIO of what the power readings add up
+# to, while the mean power was at least STUCK_FLOOR_MW. The counter updates every 20–100 ms
+# and the power reading is a sample of the same sensor, so over an interval the two agree to
+# a few per cent; half is far outside that, yet a counter that stopped for most of an
+# interval is caught. Below the floor the GPU draws too little for the comparison to mean
+# anything (and the energy at stake is small). Sums are compared over the same seconds, so a
+# late tick (one delta short, the next one long) cannot trip it.
+STUCK_RATIO = 0.5
+STUCK_FLOOR_MW = 10_000
 
 
 def _bit(name: str) -> int:
@@ -89,6 +103,9 @@ class Accumulator:
         "fallback_sum",
         "fallback_n",
         "energy_reset",
+        "pair_energy",
+        "pair_power",
+        "pair_n",
         "temp_max",
         "clock_sum",
         "clock_n",
@@ -112,6 +129,10 @@ class Accumulator:
         self.fallback_sum = 0  # mJ: power × 1 s for ticks without a valid delta
         self.fallback_n = 0
         self.energy_reset = False
+        # the seconds with both a counter delta and a power reading: delta mJ, power mW × 1 s
+        self.pair_energy = 0
+        self.pair_power = 0
+        self.pair_n = 0
         self.temp_max: int | None = None
         self.clock_sum = 0
         self.clock_n = 0
@@ -142,6 +163,10 @@ class Accumulator:
         elif energy_delta_mj is not None:
             self.energy_sum += energy_delta_mj
             self.energy_n += 1
+            if r.power_mw is not None:
+                self.pair_energy += energy_delta_mj
+                self.pair_power += r.power_mw
+                self.pair_n += 1
         elif r.power_mw is not None:
             self.fallback_sum += r.power_mw  # mW × 1 s = mJ
             self.fallback_n += 1
@@ -166,10 +191,26 @@ class Accumulator:
                 thr[4] += 1
 
 
+def energy_stuck(acc: Accumulator) -> bool:
+    """Whether the counter is implausibly low against the power readings (see STUCK_RATIO)."""
+    return (
+        acc.pair_n > 0
+        and acc.pair_power >= STUCK_FLOOR_MW * acc.pair_n
+        and acc.pair_energy < STUCK_RATIO * acc.pair_power
+    )
+
+
 def energy_j(acc: Accumulator) -> float | None:
-    """The interval's energy in joules by DESIGN §3, or ``None`` when nothing measures it."""
+    """The interval's energy in joules by DESIGN §3, or ``None`` when nothing measures it:
+    the counter's deltas, unless the counter is missing for some second, went backwards or
+    is stuck, in which case mean power × seconds."""
     n = acc.n
-    if not acc.energy_reset and acc.energy_n > 0 and acc.energy_n + acc.fallback_n == n:
+    if (
+        not acc.energy_reset
+        and acc.energy_n > 0
+        and acc.energy_n + acc.fallback_n == n
+        and not energy_stuck(acc)
+    ):
         return round((acc.energy_sum + acc.fallback_sum) / 1000.0, 3)
     if acc.power_n > 0:
         # mean power (mW) × seconds → mJ → J
@@ -227,6 +268,9 @@ class Summariser:
         self._acc: dict[str, Accumulator] = {}
         # uuid → (second, counter mJ) of the last energy reading, to take one-second deltas
         self._last_energy: dict[str, tuple[int, int]] = {}
+        # uuid → [intervals, seconds] sent as power × time because the counter was stuck,
+        # while the episode lasts: logged once when it starts and once when it ends
+        self._stuck: dict[str, list[int]] = {}
 
     def align(self, second: int) -> int:
         return second - second % self.interval_s
@@ -261,10 +305,14 @@ class Summariser:
         return out
 
     def flush(self, uuid: str | None = None) -> list[dict[str, Any]]:
-        """Close the open (partial) interval of one GPU, or of all."""
+        """Close the open (partial) interval of one GPU, or of all (on shutdown, which also
+        logs the count of a stuck-counter episode still going on)."""
         out: list[dict[str, Any]] = []
         for u in [uuid] if uuid is not None else list(self._acc):
             out.extend(self._close(u))
+        if uuid is None:
+            for u in list(self._stuck):
+                self._stuck_end(u, "still stuck at shutdown")
         return out
 
     def forget_energy(self) -> None:
@@ -275,5 +323,34 @@ class Summariser:
         acc = self._acc.pop(uuid, None)
         if acc is None:
             return []
+        if energy_stuck(acc):
+            self._stuck_note(uuid, acc)
+        elif acc.pair_n and uuid in self._stuck:
+            self._stuck_end(uuid, "moves again")
         s = finalise(uuid, acc)
         return [s] if s is not None else []
+
+    def _stuck_note(self, uuid: str, acc: Accumulator) -> None:
+        episode = self._stuck.get(uuid)
+        if episode is None:
+            episode = self._stuck[uuid] = [0, 0]
+            log.warning(
+                "GPU %s: energy counter grew %.0f J in %d s while the power readings add up to "
+                "%.0f J; sending mean power × seconds until it moves again",
+                uuid,
+                acc.pair_energy / 1000.0,
+                acc.pair_n,
+                acc.pair_power / 1000.0,
+            )
+        episode[0] += 1
+        episode[1] += acc.n
+
+    def _stuck_end(self, uuid: str, how: str) -> None:
+        intervals, seconds = self._stuck.pop(uuid)
+        log.warning(
+            "GPU %s: energy counter %s; %d intervals (%d s) were sent as mean power × seconds",
+            uuid,
+            how,
+            intervals,
+            seconds,
+        )

@@ -17,10 +17,17 @@ class IngestServer:
     """Records every POST to /api/v1/ingest. ``mode`` decides the answer:
 
     ``ok`` (200 with accepted / duplicates / rejected, deduplicating on (gpu, start) like the
-    real server), ``500``, ``429``, ``400``, ``hold`` (record the batch, then block until
-    ``release`` is set and answer 200; the client never sees it if it dies first). ``down()``
-    closes the listening socket (connection refused), ``up()`` opens it again on the same port.
-    ``script`` is a list of statuses used one per request before falling back to ``mode``.
+    real server, and 400 with the same body when every sample was rejected), a status such as
+    ``500``, ``429``, ``400`` (a whole-request error naming ``samples``), ``hold`` (record the
+    batch, then block until ``release`` is set and answer 200; the client never sees it if it
+    dies first). ``down()`` closes the listening socket (connection refused), ``up()`` opens it
+    again on the same port. ``script`` is a list of statuses used one per request before
+    falling back to ``mode``.
+
+    Like telemetry/ingest.py: with ``strict_gpus`` a sample of a GPU that no push's ``gpus``
+    block has listed yet is rejected ("unknown GPU"); ``reject`` maps (gpu, start) to the
+    (field, error) it is rejected with; a push holding a ``poison`` sample is refused whole
+    (400 naming ``body``); ``block_error`` refuses every push whole, naming that field.
     """
 
     def __init__(self) -> None:
@@ -32,7 +39,11 @@ class IngestServer:
         self.script: list[int] = []
         self.retry_after: str | None = None
         self.max_samples: int | None = None  # answer 413 above this
-        self.reject: set[tuple[str, str]] = set()  # (gpu, start) answered as rejected
+        self.reject: dict[tuple[str, str], tuple[str, str]] = {}  # (gpu, start) → field, error
+        self.strict_gpus = False
+        self.gpus: dict[str, dict[str, Any]] = {}  # uuid → its latest gpus-block entry
+        self.poison: set[tuple[str, str]] = set()
+        self.block_error: str | None = None
         self.hold_after: int | None = None  # hold the request after this many 200s
         self.token = "node-token"
         self.lock = threading.Lock()
@@ -106,8 +117,12 @@ class IngestServer:
             elif self.hold_after is not None and len(self.ok_payloads()) >= self.hold_after:
                 self.hold_after = None
                 status = -1
+            elif self.block_error is not None or self.poison & set(keys):
+                field = self.block_error or "body"
+                self.requests.append((400, payload))
+                return 400, {"detail": f"{field}: bad", "field": field, "error": "bad"}, {}
             else:
-                status = {"ok": 200, "500": 500, "429": 429, "400": 400}[self.mode]
+                status = 200 if self.mode == "ok" else int(self.mode)
         held = status == -1
         if held:
             with self.lock:
@@ -123,18 +138,25 @@ class IngestServer:
         accepted = duplicates = 0
         rejected = []
         with self.lock:
+            for g in payload.get("gpus", []):
+                self.gpus[g["uuid"]] = g
             for i, k in enumerate(keys):
                 if k in self.reject:
-                    rejected.append({"index": i, "field": "util_pct", "error": "out of range"})
+                    field, error = self.reject[k]
+                    rejected.append({"index": i, "field": field, "error": error})
+                elif self.strict_gpus and k[0] not in self.gpus:
+                    error = "unknown GPU: list it in the push's gpus block"
+                    rejected.append({"index": i, "field": "gpu", "error": error})
                 elif self.stored[k]:
                     duplicates += 1
                 else:
                     self.stored[k] += 1
                     accepted += 1
+            status = 400 if rejected and not accepted and not duplicates else 200
             if not held:
-                self.requests.append((200, payload))
+                self.requests.append((status, payload))
         body = {"accepted": accepted, "duplicates": duplicates, "rejected": rejected}
-        return 200, body, {}
+        return status, body, {}
 
     def ok_payloads(self) -> list[dict[str, Any]]:
         return [p for s, p in self.requests if s == 200]

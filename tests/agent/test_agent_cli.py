@@ -56,6 +56,35 @@ def keys(payload: dict[str, Any]) -> set[tuple[str, str]]:
     return {(s["gpu"], s["start"]) for s in payload["samples"]}
 
 
+def spooled_keys(spool: Path) -> set[tuple[str, str]]:
+    db = sqlite3.connect(spool / SPOOL_FILE)
+    try:
+        return set(db.execute("SELECT gpu, start FROM samples").fetchall())
+    finally:
+        db.close()
+
+
+def restart_until_resent(
+    spool: Path, ingest: Any, anchor: int, log: Path, spooled: set[tuple[str, str]], after: int
+) -> None:
+    """Start an agent on ``spool`` again; once every key of ``spooled`` has been pushed (in
+    requests after the first ``after``), and a second more, stop it with SIGTERM."""
+    p = start_agent(spool, ingest, anchor, log)
+    try:
+
+        def resent() -> set[tuple[str, str]]:
+            with ingest.lock:
+                return set().union(set(), *(keys(q) for _, q in ingest.requests[after:]))
+
+        wait_for(lambda: spooled <= resent(), timeout=30)
+        time.sleep(1.0)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=12) == 0, log.read_text()
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
 def test_killed_mid_spool_and_restarted_loses_and_duplicates_nothing(
     tmp_path: Path, ingest: Any
 ) -> None:
@@ -78,9 +107,7 @@ def test_killed_mid_spool_and_restarted_loses_and_duplicates_nothing(
     acked = set().union(*(keys(p) for s, p in phase1 if s == 200))
     (held,) = [keys(p) for s, p in phase1 if s == -1]
     assert len([s for s, _ in phase1 if s == 200]) == 3
-    db = sqlite3.connect(spool / SPOOL_FILE)
-    spooled = set(db.execute("SELECT gpu, start FROM samples").fetchall())
-    db.close()
+    spooled = spooled_keys(spool)
     # the unacknowledged batch is still on disk; nothing acknowledged is; later data is too
     assert held <= spooled
     assert not acked & spooled
@@ -90,20 +117,7 @@ def test_killed_mid_spool_and_restarted_loses_and_duplicates_nothing(
     # socket); a new agent on the same spool sends what is left, then stops cleanly.
     ingest.release.set()
     n1 = len(phase1)
-    p2 = start_agent(spool, ingest, anchor, log)
-    try:
-
-        def resent() -> set[tuple[str, str]]:
-            with ingest.lock:
-                return set().union(set(), *(keys(p) for _, p in ingest.requests[n1:]))
-
-        wait_for(lambda: spooled <= resent(), timeout=30)
-        time.sleep(1.0)
-        p2.send_signal(signal.SIGTERM)
-        assert p2.wait(timeout=30) == 0, log.read_text()
-    finally:
-        if p2.poll() is None:
-            p2.kill()
+    restart_until_resent(spool, ingest, anchor, log, spooled, n1)
 
     with ingest.lock:
         phase2 = ingest.requests[n1:]
@@ -127,6 +141,44 @@ def test_killed_mid_spool_and_restarted_loses_and_duplicates_nothing(
         ts = [time.mktime(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ")) for s in starts]
         gaps = [b - a for a, b in zip(ts, ts[1:], strict=False) if b - a != 10]
         assert len(gaps) <= 1, starts
+
+
+def test_sigterm_ends_the_agent_within_10_s_while_the_server_hangs_and_loses_nothing(
+    tmp_path: Path, ingest: Any
+) -> None:
+    spool = tmp_path / "spool"
+    log = tmp_path / "agent.log"
+    anchor = int(time.time())
+    # The server accepts the connection, reads the push and never answers (until released).
+    ingest.mode = "hold"
+    p = start_agent(spool, ingest, anchor, log)
+    try:
+        assert ingest.held.wait(timeout=30), log.read_text()
+        time.sleep(0.5)  # 10 more simulated seconds: one more interval goes to the spool
+        sent = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        # DESIGN/docs: a stop takes at most 10 s (systemd kills at 45 s); 2 s of slack here
+        assert p.wait(timeout=12) == 0, log.read_text()
+        took = time.monotonic() - sent
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    assert took <= 12
+    with ingest.lock:
+        (held,) = [keys(q) for s, q in ingest.requests if s == -1]
+        n1 = len(ingest.requests)
+    spooled = spooled_keys(spool)
+    # the spool was written before the push: the aborted push's samples are all still there,
+    # with the intervals closed since and the partial one flushed at the stop
+    assert held <= spooled and len(spooled) > len(held)
+    assert "push in flight" in log.read_text()
+
+    # A new start against an answering server delivers all of it.
+    ingest.mode = "ok"
+    ingest.release.set()
+    restart_until_resent(spool, ingest, anchor, log, spooled, n1)
+    assert spooled <= set(ingest.stored)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -280,3 +280,68 @@ def test_gpu_without_any_utilisation_sends_nothing_and_says_why(
     assert {s["gpu"] for s in out} == {U1}
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "utilisation cannot be read" in errors[0] and U2 in errors[0]
+
+
+def test_stuck_energy_counter_falls_back_to_power_and_logs_once_per_episode(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def stuck(t: int) -> int:
+        # the counter stops at T0 and moves again (450 J/s) from T0+30
+        if t < T0:
+            return counter(t)
+        return counter(T0) + 450_000 * max(0, t - (T0 + 30))
+
+    agent, clock, _ = make([ScriptedGpu(U1, 0, H100, script, energy=stuck)])
+    with caplog.at_level(logging.INFO, logger="gpufleet.agent"):
+        out = run(agent, clock, T0, T0 + 40)
+    starts = [f"2026-11-30T09:00:{s:02d}Z" for s in (0, 10, 20, 30)]
+    # three intervals in which the counter did not move while the GPU drew 400/200 W: mean
+    # power × seconds = 300 W × 10 s each (not 0 J); then the counter again, 10 × 450 J
+    assert [only(out, U1, s)["energy_j"] for s in starts] == [3000.0, 3000.0, 3000.0, 4500.0]
+    msgs = [r.getMessage() for r in caplog.records if "energy counter" in r.getMessage()]
+    # one line when the episode starts, one when it ends, with its count; none per second
+    assert len(msgs) == 2, msgs
+    assert U1 in msgs[0] and "grew 0 J in 10 s" in msgs[0] and "3000 J" in msgs[0]
+    assert "moves again; 3 intervals (30 s)" in msgs[1]
+
+
+@pytest.mark.parametrize(
+    ("power_w", "counter_j_per_s", "energy_j"),
+    [
+        (300, 160, 1600.0),  # 160/300 = 0.53 of ∫power: plausible, the counter is kept
+        (300, 140, 3000.0),  # 140/300 = 0.47: below half → power × time, 300 W × 10 s
+        (9, 0, 0.0),  # a stopped counter at 9 W, under the 10 W floor: kept
+        (11, 0, 110.0),  # at 11 W it counts as stuck: 11 W × 10 s
+    ],
+)
+def test_stuck_counter_rule_boundaries(power_w: int, counter_j_per_s: int, energy_j: float) -> None:
+    def flat(t: int) -> tuple[int, int, int, int, int, int, int, int]:
+        return (50, 10, 1_000_000_000, 1, power_w * 1000, 50, 1500, 0)
+
+    def slow(t: int) -> int:
+        return 1_000_000 + counter_j_per_s * 1000 * (t - T0)
+
+    agent, clock, _ = make([ScriptedGpu(U1, 0, H100, flat, energy=slow)])
+    assert only(run(agent, clock, T0, T0 + 10), U1, START)["energy_j"] == energy_j
+
+
+def test_utilisation_samples_unsupported_at_discovery_is_asked_once_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Counting(FakeNvml):
+        samples_calls = 0
+
+        def nvmlDeviceGetSamples(self, device: Any, sampling_type: int, timeStamp: int) -> Any:
+            Counting.samples_calls += 1
+            return super().nvmlDeviceGetSamples(device, sampling_type, timeStamp)
+
+    clock = VirtualClock(T0)
+    g = ScriptedGpu(U1, 0, H100, script, energy=counter, unsupported=["util_samples"])
+    agent = Agent(Counting([g], clock.time), spool_dir=None, interval_s=10, clock=clock)
+    with caplog.at_level(logging.DEBUG, logger="gpufleet.agent"):
+        s = only(run(agent, clock, T0, T0 + 10), U1, START)
+    assert s["util_pct"] == 50.0  # from the utilisation rates instead
+    # NOT_SUPPORTED at discovery switches the buffered path off there: no tick asks again
+    assert Counting.samples_calls == 1
+    lines = [r.getMessage() for r in caplog.records if "sampl" in r.getMessage()]
+    assert len(lines) == 1 and "utilisation samples unavailable" in lines[0], lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,19 @@ def test_importing_the_agent_loads_no_django() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_one_version_string() -> None:
+    """The installed distribution, the agent's own string and ``gpufleet-agent --version`` say
+    the same version (pyproject.toml reads it from the agent package)."""
+    from telemetry.agent import __version__
+
+    assert importlib.metadata.version("gpufleet") == __version__
+    r = subprocess.run(
+        [sys.executable, "-m", "telemetry.agent.cli", "--version"],
+        cwd=AGENT.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.stdout.strip() == f"gpufleet-agent {__version__}"
