@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 import os
+import platform
 import re
 import socket
 import subprocess
@@ -168,7 +170,13 @@ def test_metrics_report_counters_lag_drops_and_last_seen(metrics_client: Any) ->
     assert counter_get("ingest_samples_accepted") == 120
 
     seen = NOW - dt.timedelta(seconds=90)
-    a = Node.objects.create(hostname="gpu-a", spool_dropped_total=5, last_seen_at=seen)
+    a = Node.objects.create(
+        hostname="gpu-a",
+        spool_dropped_total=5,
+        last_seen_at=seen,
+        agent_version="1.4.2",
+        driver_version="550.54.15",
+    )
     Node.objects.create(hostname='we"ird\\node', spool_dropped_total=37)  # never seen
     Gpu.objects.create(uuid="GPU-1", node=a)
     for hours_ago, marked_s_ago in ((3, 125), (1, 30)):
@@ -188,7 +196,7 @@ def test_metrics_report_counters_lag_drops_and_last_seen(metrics_client: Any) ->
     assert samples[("gpufleet_ingest_samples_duplicate_total", ())] == 1
     assert samples[("gpufleet_ingest_samples_rejected_total", ())] == 7
     assert samples[("gpufleet_rollup_lag_seconds", ())] == 125.0  # the oldest mark
-    assert samples[("gpufleet_rollup_pending_hours", ())] == 2
+    assert samples[("gpufleet_rollups_pending", ())] == 2
     assert samples[("gpufleet_nodes", ())] == 2
     assert samples[("gpufleet_gpus", ())] == 1
     assert samples[("gpufleet_agent_spool_dropped_samples_total", ())] == 42
@@ -197,6 +205,17 @@ def test_metrics_report_counters_lag_drops_and_last_seen(metrics_client: Any) ->
     assert samples[(dropped, (("node", 'we\\"ird\\\\node'),))] == 37  # escaped label value
     last_seen = {k[1]: v for k, v in samples.items() if k[0].startswith("gpufleet_node_last")}
     assert last_seen == {(("node", "gpu-a"),): seen.timestamp()}
+    # Versions as _info series (value 1, the versions in labels), one per node.
+    info = {frozenset(k[1]): v for k, v in samples.items() if k[0] == "gpufleet_node_info"}
+    assert info == {
+        frozenset(
+            {("node", "gpu-a"), ("agent_version", "1.4.2"), ("driver_version", "550.54.15")}
+        ): 1,
+        frozenset({("node", 'we\\"ird\\\\node'), ("agent_version", ""), ("driver_version", "")}): 1,
+    }
+    [build] = [k[1] for k in samples if k[0] == "gpufleet_build_info"]
+    assert dict(build)["version"] == importlib.metadata.version("gpufleet")
+    assert dict(build)["python_version"] == platform.python_version()
 
 
 @pytest.mark.django_db
@@ -204,7 +223,7 @@ def test_metrics_rollup_lag_is_zero_when_nothing_waits(metrics_client: Any) -> N
     text = metrics_client.get("/metrics", HTTP_AUTHORIZATION="Bearer m3trics-t0ken")
     samples = parse_exposition(text.content.decode())
     assert samples[("gpufleet_rollup_lag_seconds", ())] == 0
-    assert samples[("gpufleet_rollup_pending_hours", ())] == 0
+    assert samples[("gpufleet_rollups_pending", ())] == 0
     assert samples[("gpufleet_agent_spool_dropped_samples_total", ())] == 0
 
 

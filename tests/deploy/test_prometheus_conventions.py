@@ -1,0 +1,87 @@
+"""/metrics as Prometheus's own tools see it (issue 21): ``promtool check metrics`` accepts the
+exposition, the renamed names are documented, and the docs' alert rules query only metrics
+that exist, in PromQL that promtool parses.
+
+A real Prometheus scraping a real server is tests/reliability/test_prometheus_scrape.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import time_machine
+from django.core.cache import cache
+from django.test import override_settings
+
+from config.metrics import COUNTER_PREFIX, COUNTERS, RENAMED
+from tests.deploy.prometheus_tools import (
+    METRICS_TOKEN,
+    docs_alert_rules,
+    docs_table,
+    exposition_families,
+    exposition_filled,
+    metric_names,
+    promtool_run,
+    rules_file,
+)
+
+NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def exposition(client: Any, db: Any) -> Iterator[str]:
+    cache.delete_many([COUNTER_PREFIX + c.name for c in COUNTERS])
+    with override_settings(METRICS_TOKEN=METRICS_TOKEN), time_machine.travel(NOW, tick=False):
+        yield exposition_filled(client, NOW)
+
+
+def test_promtool_accepts_the_exposition(exposition: str) -> None:
+    assert "gpufleet_node_info{" in exposition and "\\n" in exposition  # every family, escaping
+    result = promtool_run("check", "metrics", stdin=exposition)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+    # The same linter on the name this replaced: it is really linting, and that name is why
+    # the rename was needed.
+    old = "\n".join(
+        line.replace("gpufleet_rollups_pending", "gpufleet_rollup_pending_hours")
+        for line in exposition.splitlines()
+    )
+    result = promtool_run("check", "metrics", stdin=old + "\n")
+    assert result.returncode != 0
+    assert 'gpufleet_rollup_pending_hours use base unit "seconds"' in result.stdout + result.stderr
+
+
+def test_every_exposed_metric_is_documented_and_every_rename_listed(exposition: str) -> None:
+    exposed = exposition_families(exposition)
+    documented: set[str] = set()
+    for row in docs_table("| Metric | Type |"):
+        documented |= metric_names(row[0])
+    assert documented == exposed
+
+    renames = {
+        next(iter(metric_names(old))): next(iter(metric_names(new)))
+        for old, new, *_ in docs_table("| Old name | New name |")
+    }
+    assert renames == RENAMED
+    for old, new in renames.items():
+        assert old not in exposed and new in exposed
+
+
+def test_docs_alerts_are_promql_promtool_parses(tmp_path: Path, exposition: str) -> None:
+    queries: list[str] = []
+    alerts = docs_alert_rules()
+    for rule in alerts:
+        names = metric_names(rule["expr"])
+        assert names <= exposition_families(exposition), rule  # blackbox's probe_* aside
+    path = rules_file(tmp_path / "rules.yml", recording=queries, alerting=alerts)
+    result = promtool_run("check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(queries) + len(alerts)} rules found" in result.stdout
+
+    # And a broken expression is refused: promtool really parses them.
+    broken = rules_file(tmp_path / "broken.yml", recording=["max(rate(x[5m])"], alerting=[])
+    assert promtool_run("check", "rules", str(broken)).returncode != 0
