@@ -1,6 +1,6 @@
 """/metrics as Prometheus's own tools see it (issue 21): ``promtool check metrics`` accepts the
-exposition, the renamed names are documented, and the docs' alert rules query only metrics
-that exist, in PromQL that promtool parses.
+exposition, the renamed names are documented, and the shipped Grafana dashboard and the docs'
+alert rules query only metrics that exist, in PromQL that promtool parses.
 
 A real Prometheus scraping a real server is tests/reliability/test_prometheus_scrape.py.
 """
@@ -19,7 +19,9 @@ from django.test import override_settings
 
 from config.metrics import COUNTER_PREFIX, COUNTERS, RENAMED
 from tests.deploy.prometheus_tools import (
+    DASHBOARDS,
     METRICS_TOKEN,
+    dashboard_queries,
     docs_alert_rules,
     docs_table,
     exposition_families,
@@ -30,6 +32,14 @@ from tests.deploy.prometheus_tools import (
 )
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+# The operational figures issue 21 asks the dashboard for, by the metric that carries each.
+DASHBOARD_MUST_SHOW = {
+    "ingest rate": "gpufleet_ingest_samples_accepted_total",
+    "rejects": "gpufleet_ingest_samples_rejected_total",
+    "rollup lag": "gpufleet_rollup_lag_seconds",
+    "node last seen": "gpufleet_node_last_seen_timestamp_seconds",
+    "spool drops": "gpufleet_node_spool_dropped_samples_total",
+}
 
 
 @pytest.fixture
@@ -71,8 +81,21 @@ def test_every_exposed_metric_is_documented_and_every_rename_listed(exposition: 
         assert old not in exposed and new in exposed
 
 
-def test_docs_alerts_are_promql_promtool_parses(tmp_path: Path, exposition: str) -> None:
-    queries: list[str] = []
+@pytest.mark.parametrize("dashboard", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_queries_only_metrics_that_exist(dashboard: Path, exposition: str) -> None:
+    queries = dashboard_queries(dashboard)
+    queried = set().union(*(metric_names(expr) for expr in queries))
+    missing = queried - exposition_families(exposition)
+    assert not missing, f"{dashboard.name} queries metrics /metrics does not have: {missing}"
+    if dashboard.name == "grafana-operations.json":
+        assert set(DASHBOARD_MUST_SHOW.values()) <= queried
+
+
+def test_dashboard_and_docs_alerts_are_promql_promtool_parses(
+    tmp_path: Path, exposition: str
+) -> None:
+    assert DASHBOARDS, "no docs/grafana-*.json"
+    queries = [expr for path in DASHBOARDS for expr in dashboard_queries(path)]
     alerts = docs_alert_rules()
     for rule in alerts:
         names = metric_names(rule["expr"])
