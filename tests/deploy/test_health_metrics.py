@@ -29,6 +29,17 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+def dead_caches(url: str | None = None) -> dict[str, Any]:
+    """``CACHES`` whose Redis refuses every connection (a stopped Redis), with short timeouts."""
+    return {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url or f"redis://127.0.0.1:{closed_port()}/0",
+            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
+        }
+    }
+
+
 @pytest.mark.smoke
 @pytest.mark.django_db
 def test_healthz_and_readyz_answer_when_all_is_up(client: Any) -> None:
@@ -58,14 +69,7 @@ def test_readyz_is_503_when_the_broker_is_unreachable(client: Any) -> None:
 def test_readyz_does_not_gate_on_the_cache(client: Any, redis_url: str) -> None:
     # Ingest works without the cache (DESIGN.md §5), so a cache outage is reported, not fatal.
     dead = f"redis://127.0.0.1:{closed_port()}/0"
-    caches = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": dead,
-            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
-        }
-    }
-    with override_settings(CACHES=caches, REDIS_URL=dead, CELERY_BROKER_URL=redis_url):
+    with override_settings(CACHES=dead_caches(dead), REDIS_URL=dead, CELERY_BROKER_URL=redis_url):
         response = client.get("/readyz")
     assert response.status_code == 200, response.content
     assert response.json()["cache"].startswith("error: ")
@@ -231,14 +235,7 @@ def test_metrics_rollup_lag_is_zero_when_nothing_waits(metrics_client: Any) -> N
 def test_metrics_survive_a_cache_outage(metrics_client: Any) -> None:
     from config.metrics import counter_get, counter_incr
 
-    caches = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": f"redis://127.0.0.1:{closed_port()}/0",
-            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
-        }
-    }
-    with override_settings(CACHES=caches):
+    with override_settings(CACHES=dead_caches()):
         counter_incr("ingest_requests")  # never raises
         assert counter_get("ingest_requests") == 0
         response = metrics_client.get("/metrics", HTTP_AUTHORIZATION="Bearer m3trics-t0ken")
