@@ -57,14 +57,35 @@ def ensure_venv(extras: str) -> None:
     STAMP.write_text(digest)
 
 
-def ensure_chromium() -> None:
-    """Browser tests use Debian's Chromium; install it when we can (root with apt-get)."""
-    if shutil.which("chromium"):
+# Debian packages the tests drive: the commands each provides, the install arguments, and the
+# services the package starts on a systemd host, which the tests do not want running (they
+# start their own server on loopback). Chromium for the browser tests; promtool and a
+# Prometheus server for the /metrics tests, without the recommended node exporter.
+DEBIAN_TOOLS = (
+    (("chromium",), ("chromium", "fonts-dejavu-core"), ()),
+    (("promtool", "prometheus"), ("--no-install-recommends", "prometheus"), ("prometheus",)),
+)
+
+
+def ensure_debian_tools() -> None:
+    """Install the tools the tests need when they are missing and we can (root with apt-get).
+
+    A failed install is reported, not fatal: the tests that need the tool then skip here and
+    fail in CI, naming what is missing.
+    """
+    missing = [(a, s) for commands, a, s in DEBIAN_TOOLS if not all(map(shutil.which, commands))]
+    if not missing or os.geteuid() != 0 or not shutil.which("apt-get"):
         return
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        say("installing Debian's chromium for the browser tests")
-        run("apt-get", "update", "-qq")
-        run("apt-get", "install", "-y", "-qq", "chromium", "fonts-dejavu-core")
+    packages = [a for args, _ in missing for a in args if not a.startswith("-")]
+    say(f"installing Debian's {', '.join(packages)} for the tests")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
+    for args, services in missing:
+        install = ["apt-get", "install", "-y", "-qq", *args]
+        if subprocess.run(install, env=env, check=False).returncode:
+            say(f"could not install {' '.join(args)}; the tests that need it will say so")
+        elif services and Path("/run/systemd/system").is_dir():
+            subprocess.run(["systemctl", "disable", "--now", *services], check=False)
 
 
 def cmd_demo(args: list[str]) -> None:
@@ -80,7 +101,7 @@ def cmd_demo(args: list[str]) -> None:
 
 def cmd_test(args: list[str]) -> None:
     ensure_venv("dev")
-    ensure_chromium()
+    ensure_debian_tools()
     env = dict(os.environ)
     env.setdefault("DATABASE_URL", LOCAL_DATABASE_URL)
     env.setdefault("REDIS_URL", LOCAL_REDIS_URL)

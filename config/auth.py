@@ -1,41 +1,53 @@
-"""Login with a brake on password guessing.
+"""Login with a brake on password guessing, kept by django-axes.
 
-Failed logins are counted in the shared cache per client IP and username, and per client IP
-alone (a higher limit, against one address trying many usernames). Once a count reaches its
-limit, every login for that key is refused with 429 until the window (counted from the first
-failure) has passed, even with the right password: otherwise a guesser would learn when a
-guess was right. A successful login clears its IP-and-username count.
+Failed logins are counted per client address and username, and per client address alone (a
+higher limit, against one address trying many usernames). Once a count reaches its limit,
+every login for that key is refused with 429 until the window has passed since its last
+counted failure, even with the right password: otherwise a guesser would learn when a guess
+was right. Refused tries do not count (they do not extend the lock). A successful login
+clears its address-and-username count.
 
-When the cache is down, logins work unthrottled (and a warning is logged): locking every user
-out because Redis is away would turn a cache outage into a full outage.
+django-axes keeps the counts in the database (``axes.AccessAttempt``), so the brake does not
+depend on the cache: with Redis down, logins work and are still counted. Operators see the
+counts in the admin (Axes → Access attempts) and unlock with ``manage.py axes_reset_username``
+and friends (docs/deploy.md §7). What axes does not do by itself is here: the two limits
+(``LoginLockoutHandler``), the client address behind ``NUM_PROXIES`` trusted proxies
+(``client_ip``), and the login page that says why (the form and ``lockout_response``).
 
 Settings (defaults here; production reads them from the environment):
 ``LOGIN_FAILURE_LIMIT`` (5), ``LOGIN_FAILURE_WINDOW_S`` (900) and ``NUM_PROXIES`` (0, the
-number of reverse proxies in front whose ``X-Forwarded-For`` entries may be trusted).
+number of reverse proxies in front whose ``X-Forwarded-For`` entries may be trusted). The
+``AXES_*`` settings that point here are in config/settings.
 """
 
 from __future__ import annotations
 
-import hashlib
+import datetime as dt
+import ipaddress
 import logging
 from typing import Any
 
+from axes.backends import AxesStandaloneBackend
+from axes.handlers.database import AxesDatabaseHandler
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
-from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
-from django.core.cache import cache
-from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.core.exceptions import ValidationError
+from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 
 logger = logging.getLogger(__name__)
 
-KEY_PREFIX = "login-failures:"
 # One address trying many usernames (password spraying) gets this many times the limit.
 IP_LIMIT_FACTOR = 5
-THROTTLED_CODE = "throttled"
-THROTTLED_MESSAGE = "Too many failed logins from this address. Try again later."
+# What axes counts failures by (AXES_LOCKOUT_PARAMETERS), each with its limit as a multiple of
+# LOGIN_FAILURE_LIMIT, in the same order: the address and username together, then the address.
+LOCKOUT_PARAMETERS: list[str | list[str]] = [["ip_address", "username"], "ip_address"]
+LIMIT_FACTORS = (1, IP_LIMIT_FACTOR)
+PAIR = 0  # the index of the address-and-username count in both
+LOCKED_OUT_CODE = "locked_out"
+LOCKED_OUT_MESSAGE = "Too many failed logins from this address. Try again later."
 
 
 def login_failure_limit() -> int:
@@ -46,104 +58,122 @@ def login_failure_window_s() -> int:
     return int(getattr(settings, "LOGIN_FAILURE_WINDOW_S", 900))
 
 
-def client_ip(request: HttpRequest) -> str:
-    """The client's address: ``REMOTE_ADDR``, or the entry ``NUM_PROXIES`` hops back in
-    ``X-Forwarded-For`` when that many trusted proxies stand in front (entries further left
-    are written by the client and prove nothing)."""
-    remote = str(request.META.get("REMOTE_ADDR", "") or "-")
+def _ip(value: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        return None
+
+
+def client_ip(request: HttpRequest) -> str | None:
+    """The client's address (``AXES_CLIENT_IP_CALLABLE``): ``REMOTE_ADDR``, or the entry
+    ``NUM_PROXIES`` hops back in ``X-Forwarded-For`` when that many trusted proxies stand in
+    front (entries further left are written by the client and prove nothing).
+
+    Only a well-formed address is returned (axes stores it in an address column); an entry
+    that is not one falls back to ``REMOTE_ADDR``, and None is the unknown client.
+    """
+    remote = _ip(str(request.META.get("REMOTE_ADDR", "") or ""))
     num_proxies = int(getattr(settings, "NUM_PROXIES", 0))
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
     if num_proxies > 0 and forwarded:
         hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
         if hops:
-            return str(hops[-min(num_proxies, len(hops))])
+            return _ip(hops[-min(num_proxies, len(hops))]) or remote
     return remote
 
 
-def _keys(request: HttpRequest, username: str) -> dict[str, str]:
-    ip = client_ip(request)
-    # Hashed: usernames are arbitrary user input and cache keys have a restricted alphabet.
-    pair = hashlib.sha256(f"{ip}\0{username.strip().lower()}".encode()).hexdigest()
-    return {
-        "pair": f"{KEY_PREFIX}pair:{pair}",
-        "ip": f"{KEY_PREFIX}ip:{hashlib.sha256(ip.encode()).hexdigest()}",
-    }
+def lockout_parameters(request: Any, credentials: dict[str, Any] | None = None) -> list[Any]:
+    """``AXES_LOCKOUT_PARAMETERS``: what failures are counted by (see LIMIT_FACTORS)."""
+    return LOCKOUT_PARAMETERS
 
 
-def _limits() -> dict[str, int]:
-    limit = login_failure_limit()
-    return {"pair": limit, "ip": limit * IP_LIMIT_FACTOR}
+def lockout_failure_limit(request: Any, credentials: dict[str, Any] | None = None) -> int:
+    """``AXES_FAILURE_LIMIT``: read per request, so the setting can change at run time."""
+    return login_failure_limit()
 
 
-def login_blocked(request: HttpRequest, username: str) -> bool:
-    """Whether this client may not try this username now; False when the cache is down."""
-    keys, limits = _keys(request, username), _limits()
-    try:
-        counts = cache.get_many(list(keys.values()))
-    except Exception:  # noqa: BLE001 - a cache outage must not lock everyone out
-        logger.warning("login throttling off: cache unavailable")
-        return False
-    return any(int(counts.get(keys[kind]) or 0) >= limits[kind] for kind in keys)
+def lockout_window(request: Any = None) -> dt.timedelta:
+    """``AXES_COOLOFF_TIME``: how long a counted failure is remembered."""
+    return dt.timedelta(seconds=login_failure_window_s())
 
 
-def login_failure_record(request: HttpRequest, username: str) -> None:
-    window = login_failure_window_s()
-    try:
-        for key in _keys(request, username).values():
-            # add() starts the window at the first failure; incr() keeps its expiry.
-            if not cache.add(key, 1, timeout=window):
-                try:
-                    cache.incr(key)
-                except ValueError:  # expired between add and incr
-                    cache.add(key, 1, timeout=window)
-    except Exception:  # noqa: BLE001
-        logger.warning("login failure not counted: cache unavailable")
+class LoginLockoutHandler(AxesDatabaseHandler):  # type: ignore[misc]  # axes is untyped
+    """django-axes's database handler with a limit per count and a narrower reset.
+
+    Axes compares one number with one limit; this handler gives it each count divided by its
+    factor, so the address alone is refused at ``IP_LIMIT_FACTOR`` times the limit.
+    """
+
+    def get_failures(self, request: HttpRequest, credentials: dict[str, Any] | None = None) -> int:
+        counts = [
+            attempts.aggregate(n=Sum("failures_since_start"))["n"] or 0
+            for attempts in self.get_user_attempts(request, credentials)
+        ]
+        # Floor division: count // f >= limit exactly when count >= f × limit.
+        return max(count // factor for count, factor in zip(counts, LIMIT_FACTORS, strict=True))
+
+    def reset_user_attempts(
+        self, request: HttpRequest, credentials: dict[str, Any] | None = None
+    ) -> int:
+        # A success clears its own address-and-username count only: logging in to one account
+        # must not wipe what the address did to the others.
+        count, _ = self.filter_user_attempts(request, credentials)[PAIR].delete()
+        return int(count)
 
 
-def login_failures_clear(request: HttpRequest, username: str) -> None:
-    try:
-        cache.delete(_keys(request, username)["pair"])
-    except Exception:  # noqa: BLE001
-        logger.warning("login failures not cleared: cache unavailable")
+class LoginLockoutBackend(AxesStandaloneBackend):  # type: ignore[misc]
+    """Axes's backend (refuses a locked-out login before any password is checked), passing
+    over calls without a request: a shell or a management command has no client to lock
+    out, and axes would raise there."""
+
+    def authenticate(
+        self,
+        request: HttpRequest | None,
+        username: str | None = None,
+        password: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if request is None:
+            return None
+        super().authenticate(request, username, password, **kwargs)
+        return None
 
 
-class ThrottledAuthenticationForm(AuthenticationForm):
-    """Django's login form, refusing a throttled client before it checks the password."""
+class LockoutAuthenticationForm(AuthenticationForm):
+    """Django's login form, saying why when the brake refused the login (the page would
+    otherwise say the password was wrong, even when it was right)."""
 
     def clean(self) -> dict[str, Any]:
-        username = str(self.cleaned_data.get("username") or "")
-        request = self.request
-        if request is not None and login_blocked(request, username):
-            logger.warning("login throttled", extra={"client_ip": client_ip(request)})
-            raise ValidationError(THROTTLED_MESSAGE, code=THROTTLED_CODE)
         try:
-            cleaned = super().clean()
+            return super().clean()
         except ValidationError:
-            if request is not None:
-                login_failure_record(request, username)
+            if getattr(self.request, "axes_locked_out", False):
+                raise ValidationError(LOCKED_OUT_MESSAGE, code=LOCKED_OUT_CODE) from None
             raise
-        if request is not None:
-            login_failures_clear(request, username)
-        return cleaned
 
 
-class ThrottledAdminAuthenticationForm(ThrottledAuthenticationForm, AdminAuthenticationForm):
-    """The admin's login form (staff only), throttled the same way."""
+class LockoutAdminAuthenticationForm(LockoutAuthenticationForm, AdminAuthenticationForm):
+    """The admin's login form (staff only), saying the same."""
 
 
-class RateLimitedLoginView(auth_views.LoginView):
-    """Django's login view, answering 429 (with the form and its message) while throttled."""
+def lockout_response(
+    request: HttpRequest,
+    original_response: HttpResponse | None = None,
+    credentials: dict[str, Any] | None = None,
+) -> HttpResponse:
+    """``AXES_LOCKOUT_CALLABLE``: the login page as its view rendered it (its form says why),
+    answered 429 with ``Retry-After``; a plain 429 where no page was rendered."""
+    logger.warning("login locked out", extra={"client_ip": getattr(request, "axes_ip_address", "")})
+    response = original_response
+    if response is None:
+        response = HttpResponse(LOCKED_OUT_MESSAGE + "\n", content_type="text/plain")
+    response.status_code = 429
+    # The longest wait: the window counts from the last counted failure.
+    response["Retry-After"] = str(login_failure_window_s())
+    return response
 
-    authentication_form = ThrottledAuthenticationForm
 
-    def form_invalid(self, form: Any) -> HttpResponse:
-        response = super().form_invalid(form)
-        if any(e.code == THROTTLED_CODE for e in form.errors.as_data().get(NON_FIELD_ERRORS, [])):
-            response.status_code = 429
-            response["Retry-After"] = str(login_failure_window_s())
-        return response
-
-
-# The admin has its own login page at /admin/login/; without this it would be a way around
-# the brake. Set here, where the login route comes from, so both are throttled or neither.
-admin.site.login_form = ThrottledAdminAuthenticationForm
+# The admin has its own login page at /admin/login/; axes guards it like every login, and this
+# makes it say why.
+admin.site.login_form = LockoutAdminAuthenticationForm

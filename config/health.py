@@ -103,7 +103,7 @@ def _metrics_allowed(request: HttpRequest) -> bool:
 @never_cache
 def metrics(request: HttpRequest) -> HttpResponse:
     """Permission: bearer ``METRICS_TOKEN`` or an admin session (metrics name nodes)."""
-    from config.metrics import metrics_render
+    from config.metrics import CONTENT_TYPE, metrics_render
 
     if not _metrics_allowed(request):
         if request.user.is_authenticated:
@@ -111,4 +111,4 @@ def metrics(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    return HttpResponse(metrics_render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    return HttpResponse(metrics_render(), content_type=CONTENT_TYPE)

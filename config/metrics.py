@@ -5,6 +5,13 @@ numbers; a cache that is down loses increments, never a request (DESIGN.md §5: 
 ingest still works). The other figures are read from the database at scrape time: they are
 cheap (one aggregate each) and always right, even after a cache restart.
 
+``prometheus_client`` renders the text: :class:`FleetCollector` reads the counters and the
+database figures on each scrape and yields them as metric families, so names, escaping and
+number formatting are the library's. Names follow Prometheus's conventions (base units,
+``_total`` counters, ``_info`` for versions) and pass ``promtool check metrics``; the names
+this replaced are in ``RENAMED`` and in docs/deploy.md. Every web process serves the same
+fleet-wide figures, so dashboards aggregate several targets with ``max``, never ``sum``.
+
 What an operator alerts on (docs/deploy.md):
 - ``gpufleet_rollup_lag_seconds`` growing: no worker or no beat is running;
 - ``rate(gpufleet_ingest_samples_rejected_total[5m])`` > 0: an agent sends bad data;
@@ -15,19 +22,36 @@ What an operator alerts on (docs/deploy.md):
 from __future__ import annotations
 
 import logging
+import platform
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
+import django
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
-from django.db.models import Min, Sum
+from django.db.models import Min
 from django.utils import timezone
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import CollectorRegistry
 
 logger = logging.getLogger(__name__)
 
 COUNTER_PREFIX = "metrics:"
+# Text format 0.0.4: what every Prometheus and promtool reads (the library's newest default,
+# 1.0.0, is for Prometheus 3's UTF-8 names, which these names do not need).
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+# Names that /metrics exposed before it followed Prometheus's conventions → their names now
+# (docs/deploy.md lists them for dashboards and alerts built on the old ones).
+RENAMED = {
+    # A count of hourly rollups, not a duration: promtool wants durations in seconds.
+    "gpufleet_rollup_pending_hours": "gpufleet_rollups_pending",
+}
 
 
 @dataclass(frozen=True)
@@ -138,102 +162,119 @@ def _counters_read() -> dict[str, int] | None:
     return {c.name: int(values.get(COUNTER_PREFIX + c.name) or 0) for c in COUNTERS}
 
 
-def _label(value: str) -> str:
-    """A label value escaped as the exposition format asks (backslash, quote, newline)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _build_version() -> str:
+    try:
+        return metadata.version("gpufleet")
+    except metadata.PackageNotFoundError:  # running from a checkout that was never installed
+        return "unknown"
 
 
-class _Exposition:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
+class FleetCollector:
+    """The metric families of one scrape: the shared-cache counters and the database figures.
 
-    def family(self, metric: str, kind: str, help_text: str) -> None:
-        self.lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
+    Read at scrape time, never cached: a scrape is one small aggregate per figure.
+    """
 
-    def sample(self, metric: str, value: float, labels: dict[str, str] | None = None) -> None:
-        text = repr(float(value)) if isinstance(value, float) else str(value)
-        if labels:
-            inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-            self.lines.append(f"{metric}{{{inner}}} {text}")
-        else:
-            self.lines.append(f"{metric} {text}")
+    def describe(self) -> list[Metric]:
+        # Nothing to describe up front: the registry must not run collect() (the database)
+        # when the collector is registered at import.
+        return []
 
-    def one(self, metric: str, kind: str, help_text: str, value: float) -> None:
-        self.family(metric, kind, help_text)
-        self.sample(metric, value)
+    def collect(self) -> Iterator[Metric]:
+        yield from self._build()
+        yield from self._counters()
+        yield from self._rollups()
+        yield from self._nodes()
 
-    def render(self) -> str:
-        return "\n".join(self.lines) + "\n"
+    def _build(self) -> Iterator[Metric]:
+        yield InfoMetricFamily(
+            "gpufleet_build",
+            "The running server's version and platform.",
+            value={
+                "version": _build_version(),
+                "django_version": django.get_version(),
+                "python_version": platform.python_version(),
+            },
+        )
+
+    def _counters(self) -> Iterator[Metric]:
+        counters = _counters_read()
+        yield GaugeMetricFamily(
+            "gpufleet_metrics_counters_up",
+            "1 when the shared cache holding the ingest counters could be read.",
+            value=0 if counters is None else 1,
+        )
+        if counters is None:
+            return  # absent, not 0 (see _counters_read)
+        for counter in COUNTERS:
+            yield CounterMetricFamily(counter.metric, counter.help, value=counters[counter.name])
+
+    def _rollups(self) -> Iterator[Metric]:
+        from telemetry.models import RollupPending
+
+        # Rollup lag: how long the oldest hour marked out of date has waited. It grows without
+        # bound when no worker (or no beat) runs, which is the failure this metric exists for.
+        oldest = RollupPending.objects.aggregate(oldest=Min("marked_at"))["oldest"]
+        lag_s = max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0
+        yield GaugeMetricFamily(
+            "gpufleet_rollup_lag_seconds",
+            "Age of the oldest hour waiting for its rollup (0 when every rollup is current).",
+            value=round(lag_s, 3),
+        )
+        yield GaugeMetricFamily(
+            "gpufleet_rollups_pending",
+            "Hourly rollups marked out of date and waiting to be recomputed.",
+            value=RollupPending.objects.count(),
+        )
+
+    def _nodes(self) -> Iterator[Metric]:
+        from fleet.models import Gpu, Node
+
+        yield GaugeMetricFamily("gpufleet_nodes", "Nodes known to the fleet.", Node.objects.count())
+        yield GaugeMetricFamily("gpufleet_gpus", "GPUs known to the fleet.", Gpu.objects.count())
+        nodes = list(
+            Node.objects.order_by("hostname").values_list(
+                "hostname", "last_seen_at", "spool_dropped_total", "agent_version", "driver_version"
+            )
+        )
+        yield CounterMetricFamily(
+            "gpufleet_agent_spool_dropped_samples_total",
+            "Samples agents dropped because their disk spool was full, as the agents reported.",
+            value=sum(int(dropped) for _, _, dropped, _, _ in nodes),
+        )
+        dropped_family = CounterMetricFamily(
+            "gpufleet_node_spool_dropped_samples_total",
+            "Samples one node's agent dropped because its disk spool was full.",
+            labels=["node"],
+        )
+        last_seen_family = GaugeMetricFamily(
+            "gpufleet_node_last_seen_timestamp_seconds",
+            "When the node's agent last delivered data (Unix time); nodes never seen are absent.",
+            labels=["node"],
+        )
+        info_family = InfoMetricFamily(
+            "gpufleet_node",
+            "The agent and driver versions a node last reported (empty until it reports them).",
+            labels=["node"],
+        )
+        for hostname, last_seen_at, dropped, agent_version, driver_version in nodes:
+            dropped_family.add_metric([hostname], int(dropped))
+            if last_seen_at is not None:
+                last_seen_family.add_metric([hostname], round(last_seen_at.timestamp(), 3))
+            info_family.add_metric(
+                [hostname], {"agent_version": agent_version, "driver_version": driver_version}
+            )
+        yield dropped_family
+        yield last_seen_family
+        yield info_family
+
+
+# Only this collector: the library's default process and platform collectors describe one
+# web process, and a scrape reaches whichever process the load balancer picks.
+REGISTRY = CollectorRegistry(auto_describe=False)
+REGISTRY.register(FleetCollector())
 
 
 def metrics_render() -> str:
-    """The exposition text: ingest counters, rollup lag, agents' spool drops, nodes last seen."""
-    from fleet.models import Gpu, Node
-    from telemetry.models import RollupPending
-
-    out = _Exposition()
-    counters = _counters_read()
-    out.one(
-        "gpufleet_metrics_counters_up",
-        "gauge",
-        "1 when the shared cache holding the ingest counters could be read.",
-        0 if counters is None else 1,
-    )
-    if counters is not None:
-        for counter in COUNTERS:
-            out.one(counter.metric, "counter", counter.help, counters[counter.name])
-
-    # Rollup lag: how long the oldest hour marked out of date has waited. It grows without
-    # bound when no worker (or no beat) runs, which is the failure this metric exists for.
-    now = timezone.now()
-    pending = RollupPending.objects.aggregate(oldest=Min("marked_at"))
-    oldest = pending["oldest"]
-    lag_s = max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
-    out.one(
-        "gpufleet_rollup_lag_seconds",
-        "gauge",
-        "Age of the oldest hour waiting for its rollup (0 when every rollup is current).",
-        round(lag_s, 3),
-    )
-    out.one(
-        "gpufleet_rollup_pending_hours",
-        "gauge",
-        "Hours marked out of date and waiting for a rollup.",
-        RollupPending.objects.count(),
-    )
-
-    out.one("gpufleet_nodes", "gauge", "Nodes known to the fleet.", Node.objects.count())
-    out.one("gpufleet_gpus", "gauge", "GPUs known to the fleet.", Gpu.objects.count())
-
-    nodes = list(
-        Node.objects.order_by("hostname").values_list(
-            "hostname", "last_seen_at", "spool_dropped_total"
-        )
-    )
-    total_dropped = Node.objects.aggregate(total=Sum("spool_dropped_total"))["total"] or 0
-    out.one(
-        "gpufleet_agent_spool_dropped_samples_total",
-        "counter",
-        "Samples agents dropped because their disk spool was full, as the agents reported.",
-        int(total_dropped),
-    )
-    out.family(
-        "gpufleet_node_spool_dropped_samples_total",
-        "counter",
-        "Samples one node's agent dropped because its disk spool was full.",
-    )
-    for hostname, _, dropped in nodes:
-        out.sample("gpufleet_node_spool_dropped_samples_total", int(dropped), {"node": hostname})
-    out.family(
-        "gpufleet_node_last_seen_timestamp_seconds",
-        "gauge",
-        "When the node's agent last delivered data (Unix time); nodes never seen are absent.",
-    )
-    for hostname, last_seen_at, _ in nodes:
-        if last_seen_at is not None:
-            out.sample(
-                "gpufleet_node_last_seen_timestamp_seconds",
-                round(last_seen_at.timestamp(), 3),
-                {"node": hostname},
-            )
-    return out.render()
+    """The exposition text (``CONTENT_TYPE``): counters, rollups, nodes, versions."""
+    return generate_latest(REGISTRY).decode()

@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     "fleet",
     "telemetry",
     "billing",
@@ -54,6 +55,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into the 429 (config/auth.py).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -149,11 +152,31 @@ SECURE_REFERRER_POLICY = "same-origin"
 # Optional extra secret mixed into token hashes, so a stolen database alone cannot be used
 # to test token guesses offline.
 TOKEN_PEPPER = env_str("TOKEN_PEPPER", "")
-# Login throttling (config/auth.py): failures per IP + username within the window.
+# Login lockout (config/auth.py, kept by django-axes): failures per IP + username within the
+# window, and 5x that per IP alone.
 LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 900)
 # How many reverse proxies in front of us append to X-Forwarded-For (0: use REMOTE_ADDR).
 NUM_PROXIES = env_int("NUM_PROXIES", 0)
+# Axes's backend first: it refuses a locked-out client before a password is checked.
+AUTHENTICATION_BACKENDS = [
+    "config.auth.LoginLockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# The counts live in the database (not the cache): the brake holds while Redis is down.
+AXES_HANDLER = "config.auth.LoginLockoutHandler"
+AXES_LOCKOUT_PARAMETERS = "config.auth.lockout_parameters"
+AXES_FAILURE_LIMIT = "config.auth.lockout_failure_limit"
+AXES_COOLOFF_TIME = "config.auth.lockout_window"
+AXES_CLIENT_IP_CALLABLE = "config.auth.client_ip"
+AXES_LOCKOUT_CALLABLE = "config.auth.lockout_response"
+AXES_RESET_ON_SUCCESS = True
+# A refused try does not extend the lock: the window runs from the last counted failure.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+# Lockouts only: no row per successful login (the access log lines record requests).
+AXES_DISABLE_ACCESS_LOG = True
+# No version banner on every process start; failures and lockouts are still logged.
+AXES_VERBOSE = False
 
 # --- Internationalisation -------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

@@ -45,7 +45,7 @@ CSRF_COOKIE_SECURE = True
 CSRF_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SAMESITE = "Lax"
 
-# --- Login throttling (config/auth.py) and client addresses ---------------------------------
+# --- Login lockout (config/auth.py) and client addresses ---------------------------------
 LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 900)
 # How many reverse proxies in front append to X-Forwarded-For (1 behind the compose proxy).

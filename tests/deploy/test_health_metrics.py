@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 import os
+import platform
 import re
 import socket
 import subprocess
@@ -25,6 +27,17 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def dead_caches(url: str | None = None) -> dict[str, Any]:
+    """``CACHES`` whose Redis refuses every connection (a stopped Redis), with short timeouts."""
+    return {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url or f"redis://127.0.0.1:{closed_port()}/0",
+            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
+        }
+    }
 
 
 @pytest.mark.smoke
@@ -56,14 +69,7 @@ def test_readyz_is_503_when_the_broker_is_unreachable(client: Any) -> None:
 def test_readyz_does_not_gate_on_the_cache(client: Any, redis_url: str) -> None:
     # Ingest works without the cache (DESIGN.md §5), so a cache outage is reported, not fatal.
     dead = f"redis://127.0.0.1:{closed_port()}/0"
-    caches = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": dead,
-            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
-        }
-    }
-    with override_settings(CACHES=caches, REDIS_URL=dead, CELERY_BROKER_URL=redis_url):
+    with override_settings(CACHES=dead_caches(dead), REDIS_URL=dead, CELERY_BROKER_URL=redis_url):
         response = client.get("/readyz")
     assert response.status_code == 200, response.content
     assert response.json()["cache"].startswith("error: ")
@@ -168,7 +174,13 @@ def test_metrics_report_counters_lag_drops_and_last_seen(metrics_client: Any) ->
     assert counter_get("ingest_samples_accepted") == 120
 
     seen = NOW - dt.timedelta(seconds=90)
-    a = Node.objects.create(hostname="gpu-a", spool_dropped_total=5, last_seen_at=seen)
+    a = Node.objects.create(
+        hostname="gpu-a",
+        spool_dropped_total=5,
+        last_seen_at=seen,
+        agent_version="1.4.2",
+        driver_version="550.54.15",
+    )
     Node.objects.create(hostname='we"ird\\node', spool_dropped_total=37)  # never seen
     Gpu.objects.create(uuid="GPU-1", node=a)
     for hours_ago, marked_s_ago in ((3, 125), (1, 30)):
@@ -188,7 +200,7 @@ def test_metrics_report_counters_lag_drops_and_last_seen(metrics_client: Any) ->
     assert samples[("gpufleet_ingest_samples_duplicate_total", ())] == 1
     assert samples[("gpufleet_ingest_samples_rejected_total", ())] == 7
     assert samples[("gpufleet_rollup_lag_seconds", ())] == 125.0  # the oldest mark
-    assert samples[("gpufleet_rollup_pending_hours", ())] == 2
+    assert samples[("gpufleet_rollups_pending", ())] == 2
     assert samples[("gpufleet_nodes", ())] == 2
     assert samples[("gpufleet_gpus", ())] == 1
     assert samples[("gpufleet_agent_spool_dropped_samples_total", ())] == 42
@@ -197,6 +209,17 @@ def test_metrics_report_counters_lag_drops_and_last_seen(metrics_client: Any) ->
     assert samples[(dropped, (("node", 'we\\"ird\\\\node'),))] == 37  # escaped label value
     last_seen = {k[1]: v for k, v in samples.items() if k[0].startswith("gpufleet_node_last")}
     assert last_seen == {(("node", "gpu-a"),): seen.timestamp()}
+    # Versions as _info series (value 1, the versions in labels), one per node.
+    info = {frozenset(k[1]): v for k, v in samples.items() if k[0] == "gpufleet_node_info"}
+    assert info == {
+        frozenset(
+            {("node", "gpu-a"), ("agent_version", "1.4.2"), ("driver_version", "550.54.15")}
+        ): 1,
+        frozenset({("node", 'we\\"ird\\\\node'), ("agent_version", ""), ("driver_version", "")}): 1,
+    }
+    [build] = [k[1] for k in samples if k[0] == "gpufleet_build_info"]
+    assert dict(build)["version"] == importlib.metadata.version("gpufleet")
+    assert dict(build)["python_version"] == platform.python_version()
 
 
 @pytest.mark.django_db
@@ -204,7 +227,7 @@ def test_metrics_rollup_lag_is_zero_when_nothing_waits(metrics_client: Any) -> N
     text = metrics_client.get("/metrics", HTTP_AUTHORIZATION="Bearer m3trics-t0ken")
     samples = parse_exposition(text.content.decode())
     assert samples[("gpufleet_rollup_lag_seconds", ())] == 0
-    assert samples[("gpufleet_rollup_pending_hours", ())] == 0
+    assert samples[("gpufleet_rollups_pending", ())] == 0
     assert samples[("gpufleet_agent_spool_dropped_samples_total", ())] == 0
 
 
@@ -212,14 +235,7 @@ def test_metrics_rollup_lag_is_zero_when_nothing_waits(metrics_client: Any) -> N
 def test_metrics_survive_a_cache_outage(metrics_client: Any) -> None:
     from config.metrics import counter_get, counter_incr
 
-    caches = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": f"redis://127.0.0.1:{closed_port()}/0",
-            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
-        }
-    }
-    with override_settings(CACHES=caches):
+    with override_settings(CACHES=dead_caches()):
         counter_incr("ingest_requests")  # never raises
         assert counter_get("ingest_requests") == 0
         response = metrics_client.get("/metrics", HTTP_AUTHORIZATION="Bearer m3trics-t0ken")

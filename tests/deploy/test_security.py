@@ -1,13 +1,13 @@
-"""Content Security Policy, request ids and structured logs, login throttling, token hashes."""
+"""Content Security Policy, request ids and structured logs, token hashes.
+
+The login lockout is tests/deploy/test_login_lockout.py."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
-import random
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,120 +115,6 @@ def test_json_formatter_writes_one_object_per_line_with_extras_and_tracebacks() 
     assert payload["node"] == "gpu-09" and payload["request_id"] == "-"
     assert payload["batch"] == 17
     assert "ValueError: boom" in payload["exc"]
-
-
-# --- Login throttling -------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    # The real hasher takes ~0.3 s per login by design; these tests log in dozens of times.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def fresh_ip() -> str:
-    # A new address per test: the counts live in the shared cache, across runs too.
-    return f"10.{random.randrange(256)}.{random.randrange(256)}.{random.randrange(1, 255)}"
-
-
-def login(client: Any, username: str, password: str, ip: str, url: str = "/accounts/login/") -> Any:
-    return client.post(url, {"username": username, "password": password}, REMOTE_ADDR=ip)
-
-
-@pytest.mark.django_db
-@override_settings(LOGIN_FAILURE_LIMIT=3, LOGIN_FAILURE_WINDOW_S=60)
-def test_login_is_throttled_after_failures(client: Any, make_user: Any, fresh_ip: str) -> None:
-    user = make_user("viewer", username=f"alice-{fresh_ip}", password="right-Pass-123")
-    for _ in range(3):
-        response = login(client, user.username, "wrong", fresh_ip)
-        assert response.status_code == 200 and response.context["form"].errors
-    # The fourth try is refused before the password is even looked at, right or wrong.
-    blocked = login(client, user.username, "right-Pass-123", fresh_ip)
-    assert blocked.status_code == 429
-    assert blocked["Retry-After"] == "60"
-    assert "Too many failed logins" in str(blocked.context["form"].non_field_errors())
-    assert "_auth_user_id" not in client.session
-    # Another address, or another username from this address, is not affected.
-    assert login(client, user.username, "right-Pass-123", "192.0.2.7").status_code == 302
-
-
-@pytest.mark.django_db
-@override_settings(LOGIN_FAILURE_LIMIT=3, LOGIN_FAILURE_WINDOW_S=2)
-def test_login_throttle_ends_with_its_window(client: Any, make_user: Any, fresh_ip: str) -> None:
-    user = make_user("viewer", username=f"bob-{fresh_ip}", password="right-Pass-123")
-    for _ in range(3):
-        login(client, user.username, "wrong", fresh_ip)
-    assert login(client, user.username, "right-Pass-123", fresh_ip).status_code == 429
-    time.sleep(2.2)  # Redis expires keys by the second
-    assert login(client, user.username, "right-Pass-123", fresh_ip).status_code == 302
-
-
-@pytest.mark.django_db
-@override_settings(LOGIN_FAILURE_LIMIT=3, LOGIN_FAILURE_WINDOW_S=60)
-def test_success_clears_the_count(client: Any, make_user: Any, fresh_ip: str) -> None:
-    user = make_user("viewer", username=f"carol-{fresh_ip}", password="right-Pass-123")
-    for _ in range(2):
-        login(client, user.username, "wrong", fresh_ip)
-    assert login(client, user.username, "right-Pass-123", fresh_ip).status_code == 302
-    client.logout()
-    for _ in range(2):
-        assert login(client, user.username, "wrong", fresh_ip).status_code == 200
-    assert login(client, user.username, "right-Pass-123", fresh_ip).status_code == 302
-
-
-@pytest.mark.django_db
-@override_settings(LOGIN_FAILURE_LIMIT=2, LOGIN_FAILURE_WINDOW_S=60)
-def test_admin_login_is_throttled_too(client: Any, make_user: Any, fresh_ip: str) -> None:
-    user = make_user("admin", username=f"dave-{fresh_ip}", password="right-Pass-123")
-    user.is_staff = True
-    user.save()
-    for _ in range(2):
-        login(client, user.username, "wrong", fresh_ip, url="/admin/login/")
-    blocked = login(client, user.username, "right-Pass-123", fresh_ip, url="/admin/login/")
-    assert "Too many failed logins" in blocked.content.decode()
-    assert "_auth_user_id" not in client.session
-
-
-@pytest.mark.django_db
-@override_settings(LOGIN_FAILURE_LIMIT=2, NUM_PROXIES=1)
-def test_throttle_keys_on_the_address_the_proxy_saw(client: Any, make_user: Any) -> None:
-    user = make_user("viewer", username=f"erin-{random.random()}", password="right-Pass-123")
-    client_ip = f"198.51.100.{random.randrange(1, 255)}"
-
-    def attempt(password: str, spoofed: str) -> int:
-        # The client may write anything on the left; the proxy appends what it saw.
-        return int(
-            client.post(
-                "/accounts/login/",
-                {"username": user.username, "password": password},
-                REMOTE_ADDR="172.18.0.5",
-                HTTP_X_FORWARDED_FOR=f"{spoofed}, {client_ip}",
-            ).status_code
-        )
-
-    assert attempt("wrong", "1.1.1.1") == 200
-    assert attempt("wrong", "2.2.2.2") == 200
-    assert attempt("right-Pass-123", "3.3.3.3") == 429  # spoofing the left entry does not help
-
-
-@pytest.mark.django_db
-@override_settings(LOGIN_FAILURE_LIMIT=2)
-def test_login_works_unthrottled_when_the_cache_is_down(
-    client: Any, make_user: Any, fresh_ip: str
-) -> None:
-    from tests.deploy.test_health_metrics import closed_port
-
-    user = make_user("viewer", username=f"frank-{fresh_ip}", password="right-Pass-123")
-    caches = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": f"redis://127.0.0.1:{closed_port()}/0",
-            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
-        }
-    }
-    with override_settings(CACHES=caches):
-        for _ in range(4):
-            assert login(client, user.username, "wrong", fresh_ip).status_code == 200
-        assert login(client, user.username, "right-Pass-123", fresh_ip).status_code == 302
 
 
 # --- Tokens are stored hashed -----------------------------------------------------------------
