@@ -8,6 +8,7 @@ from typing import Any
 
 from django import forms
 
+from fleet.bounds import date_validator
 from fleet.models import FleetSettings, GpuModel, Pool, Site, Team
 
 # A fleet file's break-even workload (`[breakeven]`, `pools[].breakeven`): each key and the
@@ -31,8 +32,13 @@ class FilterForm(forms.Form):
         super().__init__(*args, **kwargs)
         date_widget = forms.DateInput(attrs={"type": "date"})
         # "from" is a Python keyword, hence fields added here rather than declared.
-        self.fields["from"] = forms.DateField(required=False, label="From", widget=date_widget)
-        self.fields["to"] = forms.DateField(required=False, label="To", widget=date_widget)
+        bounded = [date_validator]  # billing.periods: no overflow at the calendar's ends
+        self.fields["from"] = forms.DateField(
+            required=False, label="From", widget=date_widget, validators=bounded
+        )
+        self.fields["to"] = forms.DateField(
+            required=False, label="To", widget=date_widget, validators=bounded
+        )
         self.fields["site"] = forms.MultipleChoiceField(
             required=False, choices=[(s, s) for s in Site.objects.values_list("name", flat=True)]
         )

@@ -35,6 +35,7 @@ from django.utils import timezone
 from billing import report_chart, selectors
 from billing.formatting import MISSING, money, pct
 from billing.models import WeeklyReport
+from fleet.bounds import date_error
 from fleet.models import FleetSettings, Gpu, Pool
 
 logger = logging.getLogger(__name__)
@@ -61,9 +62,13 @@ def week_parse(value: str) -> dt.date:
     if not match:
         raise ValueError(f"week: expected YYYY-Www (e.g. 2026-W45), got {value!r}")
     try:
-        return dt.date.fromisocalendar(int(match[1]), int(match[2]), 1)
+        monday = dt.date.fromisocalendar(int(match[1]), int(match[2]), 1)
     except ValueError as exc:
         raise ValueError(f"week: no such ISO week {value!r}") from exc
+    error = date_error(monday) or date_error(monday + dt.timedelta(days=6))
+    if error is not None:
+        raise ValueError(f"week: {value!r} is outside the report dates: {error}")
+    return monday
 
 
 def report_now(now: dt.datetime | None = None) -> tuple[dt.datetime, ZoneInfo]:

@@ -30,17 +30,22 @@ def weekly_preview(request: HttpRequest) -> HttpResponse:
     """Permission: fleet.manage_fleet (admin). The email of ``?week=YYYY-Www`` (default: last
     complete week) as it would be sent: ``?part=text`` for the plain-text part, ``?chart=0``
     to skip the chart. Sends nothing."""
+    part, chart = request.GET.get("part", "html"), request.GET.get("chart", "1")
     try:
+        if part not in ("html", "text"):
+            raise ValueError(f"part: must be html or text, not {part!r}")
+        if chart not in ("0", "1"):
+            raise ValueError(f"chart: must be 0 or 1, not {chart!r}")
         week_start = week_parse(request.GET["week"]) if request.GET.get("week") else None
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
     week_start = week_start or last_complete_week()
     rendered = weekly_report_render(
         weekly_report_build(week_start=week_start),
-        with_chart=request.GET.get("chart") != "0" and request.GET.get("part") != "text",
+        with_chart=chart == "1" and part == "html",
         inline_chart_src=_data_uri,  # the browser cannot resolve cid: links
     )
-    if request.GET.get("part") == "text":
+    if part == "text":
         return HttpResponse(
             f"Subject: {rendered.subject}\n\n{rendered.text}",
             content_type="text/plain; charset=utf-8",

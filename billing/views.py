@@ -15,7 +15,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from billing import charts, selectors
@@ -185,6 +185,15 @@ def overview(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _gpu_url(uuid: str) -> str | None:
+    """The GPU's page, or None for a uuid no URL can hold (stored before fleet.identifiers
+    refused such uuids): its row is then shown without a link rather than failing the page."""
+    try:
+        return reverse("gpu-detail", args=[uuid])
+    except NoReverseMatch:
+        return None
+
+
 BOARD_PAGE_SIZE = 100  # GPUs per page of the fleet board and the heatmap
 
 
@@ -280,7 +289,7 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
         b["air_text"] = num(r.hours_in_air_per_day)
         b["idle_cost_text"] = money(r.idle_cost) if costs else ""
         b["throttled_text"] = num(r.throttled_hours)
-        b["url"] = reverse("gpu-detail", args=[b["uuid"]])
+        b["url"] = _gpu_url(b["uuid"])
         b["blocks"] = blocks(r)
     columns = []
     for key, (col_label, _attr, col_worst) in SORTS.items():

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, InterfaceError, OperationalError
 from rest_framework.exceptions import ValidationError
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,15 +18,48 @@ _MAX_OFFSET = 2**63 - 1
 
 
 class Pagination(LimitOffsetPagination):
-    """Limit/offset pages with bounded sizes: ``limit`` ≤ 1,000, ``offset`` within bigint."""
+    """Limit/offset pages with bounded sizes: ``limit`` 1–``max_limit`` (1,000), ``offset`` a
+    whole number within bigint. A bad value answers 400 naming the parameter; DRF's own
+    pagination falls back to the defaults silently, which hid typos in clients."""
 
     max_limit = 1000
 
+    def get_limit(self, request: Request) -> int | None:
+        raw = request.query_params.get(self.limit_query_param)
+        if raw is None:
+            return self.default_limit
+        return _whole_number(raw, self.limit_query_param, low=1, high=self.max_limit or _MAX_OFFSET)
+
     def get_offset(self, request: Request) -> int:
-        offset = super().get_offset(request)
-        if offset > _MAX_OFFSET:
-            raise ValidationError({"offset": [f"must be at most {_MAX_OFFSET}"]})
-        return offset
+        raw = request.query_params.get(self.offset_query_param)
+        if raw is None:
+            return 0
+        return _whole_number(raw, self.offset_query_param, low=0, high=_MAX_OFFSET)
+
+
+def _whole_number(raw: str, name: str, *, low: int, high: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({name: [f"must be a whole number from {low} to {high}"]}) from None
+    if not low <= value <= high:
+        raise ValidationError({name: [f"must be a whole number from {low} to {high}"]})
+    return value
+
+
+class StrictFormatNegotiation(DefaultContentNegotiation):
+    """``?format=`` naming a format the endpoint does not serve answers 400 naming the
+    parameter (DRF answers 404, as if the URL did not exist)."""
+
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: Any = None) -> Any:
+        format_query = request.query_params.get(self.settings.URL_FORMAT_OVERRIDE or "format")
+        if format_query and not format_suffix:
+            known = [r.format for r in renderers]
+            if format_query not in known:
+                raise ValidationError(
+                    {"format": [f"must be one of {', '.join(known)}, not {format_query!r}"]}
+                )
+        return super().select_renderer(request, renderers, format_suffix)
 
 
 logger = logging.getLogger(__name__)

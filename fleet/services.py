@@ -12,7 +12,9 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from fleet.bounds import date_error
 from fleet.catalogue import CATALOGUE, catalogue_match
+from fleet.identifiers import identifier_error, text_error
 from fleet.models import (
     ApiToken,
     FleetSettings,
@@ -34,7 +36,11 @@ class FleetFileError(ValueError):
 
 # --- tokens ---------------------------------------------------------------------------------
 def node_token_issue(*, hostname: str) -> tuple[Node, str]:
-    """Create the node if needed and a new token for it; the token is shown only now."""
+    """Create the node if needed and a new token for it; the token is shown only now.
+    ValueError for a hostname that is not an identifier (fleet.identifiers)."""
+    error = identifier_error(hostname, max_length=Node._meta.get_field("hostname").max_length or 0)
+    if error is not None:
+        raise ValueError(f"hostname: {error}")
     node, _ = Node.objects.get_or_create(hostname=hostname)
     token, prefix = token_generate(NODE_KIND)
     NodeToken.objects.create(node=node, prefix=prefix, token_hash=token_hash(token))
@@ -142,6 +148,9 @@ def fleet_datetime(value: Any, *, zone: ZoneInfo, where: str) -> dt.datetime | N
             raise FleetFileError(f"{where}: not an ISO date or datetime: {value!r}") from exc
     else:
         raise FleetFileError(f"{where}: expected a date or datetime, got {value!r}")
+    error = date_error(parsed.date())
+    if error is not None:
+        raise FleetFileError(f"{where}: {error}")
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=zone)
     return parsed.astimezone(dt.UTC)
@@ -170,8 +179,15 @@ def _table(document: dict[str, Any], name: str) -> list[dict[str, Any]]:
         raise FleetFileError(f"{name}: must be an array of tables ([[{name}]])")
     for i, row in enumerate(rows):
         key = "hostname" if name == "nodes" else "uuid" if name == "gpus" else "name"
-        if name != "cost_profiles" and not row.get(key):
+        if name == "cost_profiles":
+            continue
+        if not row.get(key):
             raise FleetFileError(f"{name}[{i}].{key}: required")
+        # The same rule as ingest and the admin: these names end up in URLs and pages.
+        max_length = Node._meta.get_field("hostname").max_length if key == "hostname" else 100
+        error = identifier_error(row[key], max_length=max_length or 100)
+        if error is not None:
+            raise FleetFileError(f"{name}[{i}].{key}: {error}")
     return rows
 
 
@@ -246,10 +262,12 @@ def fleet_file_apply(*, document: dict[str, Any]) -> ApplyResult:
         _, created, changed = _upsert(Site, {"name": row["name"]}, site_values)
         result.count("sites", created, changed)
 
-    for _i, row in enumerate(_table(document, "teams")):
-        _, created, changed = _upsert(
-            Team, {"name": row["name"]}, {"cost_center": str(row.get("cost_center", ""))}
-        )
+    for i, row in enumerate(_table(document, "teams")):
+        cost_center = row.get("cost_center", "")
+        error = text_error(cost_center, max_length=100)
+        if error is not None:
+            raise FleetFileError(f"teams[{i}].cost_center: {error}")
+        _, created, changed = _upsert(Team, {"name": row["name"]}, {"cost_center": cost_center})
         result.count("teams", created, changed)
 
     for i, row in enumerate(_table(document, "pools")):

@@ -225,6 +225,9 @@ def push_decode(payload: bytes) -> tuple[Push, bool]:
     return push, typed
 
 
+_SURROGATE = "strings must be valid Unicode (a lone UTF-16 surrogate escape is not)"
+
+
 def _envelope_decode(payload: bytes) -> tuple[Push, bool]:
     if not payload.strip():
         raise IngestError(400, "body", "empty body: expected a JSON object")
@@ -255,6 +258,10 @@ def _envelope_decode(payload: bytes) -> tuple[Push, bool]:
             except msgspec.ValidationError as exc2:
                 name, error = validation_error_split(exc2)
                 raise IngestError(400, name, error) from None
+            except UnicodeEncodeError:
+                # msgspec refuses lone surrogate escapes ("\ud800"); the standard library
+                # accepts them, and they cannot be stored.
+                raise IngestError(400, "body", _SURROGATE) from None
     except RecursionError:
         # Both decoders refuse deeply nested arrays and objects by recursing until Python's
         # limit; no part of the format nests more than three levels.
@@ -300,6 +307,8 @@ def samples_decode(push: Push, typed: bool) -> list[SampleIn | Rejected]:
                 samples.append(Rejected(i, name, error))
             except RecursionError:
                 samples.append(Rejected(i, "sample", "nested too deeply"))
+            except UnicodeEncodeError:
+                samples.append(Rejected(i, "sample", _SURROGATE))
     bad: dict[str, str] = {}
     for uuid in {s.gpu for s in samples if type(s) is SampleIn}:
         why = identifier_error(uuid, max_length=UUID_MAX)

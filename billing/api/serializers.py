@@ -18,6 +18,7 @@ from rest_framework import serializers
 from billing.cost_model import money_round
 from billing.models import CostProfile
 from billing.selectors import PERIODS, BreakevenResult, CostRow
+from fleet.bounds import DATE_RANGE_TEXT, date_validator
 from fleet.models import GpuModel, Node, Pool, Site, Team
 
 MICRO = Decimal("0.000001")
@@ -161,11 +162,19 @@ def _known(value: list[str], model: Any, field: str, what: str) -> list[str]:
 class RangeQuerySerializer(serializers.Serializer[Any]):
     start = serializers.DateField(
         required=False,
-        help_text="First day (YYYY-MM-DD, report time zone). Default: first day of this month.",
+        validators=[date_validator],
+        help_text=(
+            "First day (YYYY-MM-DD, report time zone). Default: first day of this month. "
+            f"From {DATE_RANGE_TEXT}."
+        ),
     )
     end = serializers.DateField(
         required=False,
-        help_text="Day after the last day (exclusive). Default: tomorrow (month to date).",
+        validators=[date_validator],
+        help_text=(
+            "Day after the last day (exclusive). Default: tomorrow (month to date). "
+            f"From {DATE_RANGE_TEXT}."
+        ),
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import viewsets
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -36,6 +35,7 @@ from billing.api.serializers import (
     cost_row_data,
 )
 from billing.models import CostProfile
+from config.api import Pagination
 from fleet.api.views import ProtectedDeleteMixin
 from fleet.models import FleetSettings
 from fleet.permissions import CanViewCosts, CanViewCostsOrManageWrites
@@ -82,9 +82,10 @@ def cost_rows_chunked(
         )
 
 
-class CostRowPagination(LimitOffsetPagination):
+class CostRowPagination(Pagination):
     """Limit/offset over a stream of rows: counts them all (for ``count``) but keeps only the
-    page. The order is the selectors' (period_start, key), so pages are stable."""
+    page. The order is the selectors' (period_start, key), so pages are stable. Bad values
+    answer 400 naming the parameter (config.api.Pagination)."""
 
     max_limit = 10_000
 
@@ -155,6 +156,8 @@ class CostsView(FinanceAPIView):
         query = CostsQuerySerializer(data=request.query_params, context={"today": today})
         query.is_valid(raise_exception=True)
         params = query.validated_data
+        paginator = CostRowPagination()
+        paginator.get_limit(request), paginator.get_offset(request)  # 400 before any work
         filters = selectors.Filters(
             sites=tuple(params.get("site", ())),
             pools=tuple(params.get("pool", ())),
@@ -180,7 +183,6 @@ class CostsView(FinanceAPIView):
             )
             response["Content-Disposition"] = f'attachment; filename="{filename}"'
             return response
-        paginator = CostRowPagination()
         page = paginator.paginate_iterable(rows, request)
         return paginator.get_paginated_response([cost_row_data(r, zone=zone) for r in page])
 

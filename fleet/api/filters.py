@@ -60,8 +60,11 @@ class GpuFilterSet(django_filters.FilterSet):  # type: ignore[misc]
         method="filter_team", help_text="Effective team: the GPU's own, else its pool's"
     )
     model = django_filters.CharFilter(field_name="model__key", help_text="GPU model key")
-    retired = django_filters.BooleanFilter(
-        method="filter_retired", help_text="true: retired by now; false: not (yet) retired"
+    retired = django_filters.TypedChoiceFilter(
+        method="filter_retired",
+        choices=[("true", "true"), ("false", "false")],
+        coerce=lambda value: value == "true",
+        help_text="true: retired by now; false: not (yet) retired (any other value: 400)",
     )
 
     class Meta:

@@ -1,6 +1,6 @@
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from fleet.services import node_token_issue
 
@@ -12,6 +12,9 @@ class Command(BaseCommand):
         parser.add_argument("hostname")
 
     def handle(self, *args: Any, hostname: str, **options: Any) -> None:
-        node, token = node_token_issue(hostname=hostname)
+        try:
+            node, token = node_token_issue(hostname=hostname)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
         self.stderr.write(f"Token for node {node.hostname} (store it now; it is not kept):")
         self.stdout.write(token)
