@@ -7,7 +7,6 @@ from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, InterfaceError, OperationalError
 from rest_framework.exceptions import ValidationError
-from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -45,21 +44,6 @@ def _whole_number(raw: str, name: str, *, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValidationError({name: [f"must be a whole number from {low} to {high}"]})
     return value
-
-
-class StrictFormatNegotiation(DefaultContentNegotiation):
-    """``?format=`` naming a format the endpoint does not serve answers 400 naming the
-    parameter (DRF answers 404, as if the URL did not exist)."""
-
-    def select_renderer(self, request: Request, renderers: Any, format_suffix: Any = None) -> Any:
-        format_query = request.query_params.get(self.settings.URL_FORMAT_OVERRIDE or "format")
-        if format_query and not format_suffix:
-            known = [r.format for r in renderers]
-            if format_query not in known:
-                raise ValidationError(
-                    {"format": [f"must be one of {', '.join(known)}, not {format_query!r}"]}
-                )
-        return super().select_renderer(request, renderers, format_suffix)
 
 
 logger = logging.getLogger(__name__)

@@ -217,7 +217,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "config.api.Pagination",
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "config.api.StrictFormatNegotiation",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "config.negotiation.StrictFormatNegotiation",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "config.api.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"ingest": env_str("INGEST_THROTTLE_RATE", "600/min")},
