@@ -20,16 +20,20 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from config.metrics import counters_incr
+from fleet.identifiers import text_error
 from fleet.models import Gpu, Node
 from fleet.services import gpu_model_for_name
 from telemetry import ingest_store
 from telemetry.wire import (
+    SHARE_SLACK_S,
     THROTTLE_KEYS,
+    WORKLOAD_TEXT_MAX,
     GpuIn,
     IngestError,
     NodeIn,
     Rejected,
     SampleIn,
+    WorkloadIn,
     push_decode,
     samples_decode,
 )
@@ -206,9 +210,10 @@ def samples_validate(
     node_id: int,
     now: dt.datetime,
     unregistered: dict[str, str] | None = None,
-) -> tuple[list[tuple[Any, ...]], list[int], list[Rejected]]:
+) -> tuple[list[tuple[Any, ...]], list[int], list[Rejected], list[tuple[int, list[WorkloadIn]]]]:
     """The checks that need the server's state → (rows in ``ingest_store.COLUMNS`` order, the
-    push index of each row, rejects).
+    push index of each row, rejects, and per row with workloads its position and workloads,
+    for :func:`workloads_attach`).
 
     Pure: reads only its arguments. ``samples`` holds a :class:`Rejected` where the sample
     failed to decode, so indices stay those of the push; ``unregistered`` says why a GPU of
@@ -222,6 +227,7 @@ def samples_validate(
     rows: list[tuple[Any, ...]] = []
     indices: list[int] = []
     rejected: list[Rejected] = []
+    workloads: list[tuple[int, list[WorkloadIn]]] = []
     gcd = math.gcd
     for i, s in enumerate(samples):
         if type(s) is Rejected:
@@ -293,6 +299,15 @@ def samples_validate(
                 continue
         else:
             values = _NO_THROTTLE
+        if s.prof_s is not None and s.prof_s > seconds:
+            rejected.append(Rejected(i, "prof_s", "must be a number within 1–seconds"))
+            continue
+        if s.workloads:
+            problem = _workloads_error(s.workloads, seconds)
+            if problem is not None:
+                rejected.append(Rejected(i, *problem))
+                continue
+            workloads.append((len(rows), s.workloads))
         rows.append(
             (
                 ref.id,
@@ -309,11 +324,80 @@ def samples_validate(
                 *values,
                 s.active_s,
                 s.sm_active,
+                s.sm_occupancy,
+                s.tensor_active,
+                s.dram_active,
+                s.prof_s,
+                None,  # workload_ids, workload_share_s, workload_air_s: workloads_attach
+                None,
+                None,
                 now,
             )
         )
         indices.append(i)
-    return rows, indices, rejected
+    return rows, indices, rejected, workloads
+
+
+def _workloads_error(workloads: list[WorkloadIn], seconds: int) -> tuple[str, str] | None:
+    """The rules of docs/ingest.md for a sample's ``workloads`` → (field, error) or None."""
+    seen: set[tuple[str, str]] = set()
+    total = 0.0
+    for j, w in enumerate(workloads):
+        at = f"workloads[{j}]"
+        for name, value in (
+            ("id", w.id),
+            ("user", w.user),
+            ("account", w.account),
+            ("name", w.name),
+        ):
+            error = text_error(value, max_length=WORKLOAD_TEXT_MAX)
+            if error is None and name == "id" and value != value.strip():
+                error = "must not begin or end with whitespace"
+            if error is not None:
+                return f"{at}.{name}", error
+        if (w.kind, w.id) in seen:
+            return f"{at}.id", "the same workload is listed twice"
+        seen.add((w.kind, w.id))
+        if w.share_s > seconds:
+            return f"{at}.share_s", "must be a number above 0 and at most seconds"
+        if w.air_s > w.share_s:
+            return f"{at}.air_s", "must be a number within 0–share_s"
+        total += w.share_s
+    if total > seconds + SHARE_SLACK_S:
+        return "workloads", f"the shares add up to {total:g} s, more than the {seconds} s"
+    return None
+
+
+_ARRAYS = slice(-4, -1)  # where a row holds its workload arrays (ingest_store.COLUMNS)
+
+
+def workloads_attach(
+    *,
+    rows: list[tuple[Any, ...]],
+    workloads: list[tuple[int, list[WorkloadIn]]],
+    node_id: int,
+    token_id: int | None,
+    now: dt.datetime,
+) -> None:
+    """Register the workloads of the valid rows and put their ids, shares and air seconds
+    into those rows (in place)."""
+    if not workloads:
+        return
+    named: dict[tuple[str, str], tuple[str, str, str]] = {
+        (w.kind, w.id): (w.user, w.account, w.name) for _, ws in workloads for w in ws
+    }
+    ids = ingest_store.workloads_register(
+        node_id=node_id, workloads=named, token_id=token_id, now=now
+    )
+    for position, ws in workloads:
+        row = rows[position]
+        known = [w for w in ws if (w.kind, w.id) in ids]  # none only when the token is revoked
+        arrays = (
+            [ids[(w.kind, w.id)] for w in known],
+            [w.share_s for w in known],
+            [w.air_s for w in known],
+        )
+        rows[position] = (*row[: _ARRAYS.start], *arrays, row[-1])
 
 
 # --- the service -------------------------------------------------------------------------------
@@ -356,9 +440,10 @@ def sample_batch_ingest(
         unregistered = gpus_register(
             node_id=node_id, block=push.gpus, known=gpus, now=now, token_id=token_id
         )
-    rows, indices, rejected = samples_validate(
+    rows, indices, rejected, workloads = samples_validate(
         samples=samples, gpus=gpus, node_id=node_id, now=now, unregistered=unregistered
     )
+    workloads_attach(rows=rows, workloads=workloads, node_id=node_id, token_id=token_id, now=now)
     stored = ingest_store.push_store(
         rows=rows, node=_node_update(node_id, push.node), token_id=token_id, now=now
     )

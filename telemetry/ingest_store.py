@@ -26,8 +26,9 @@ bench/ingest.py and docs/benchmarks.md:
 from __future__ import annotations
 
 import datetime as dt
+import json
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,13 @@ COLUMNS = (
     "throttle_any_s",
     "active_s",
     "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "prof_s",
+    "workload_ids",
+    "workload_share_s",
+    "workload_air_s",
     "received_at",
 )
 # PostgreSQL types of COLUMNS, for binary COPY (which sends no type information itself).
@@ -82,6 +90,13 @@ COPY_TYPES = (
     "float8",
     "float8",
     "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "int8[]",
+    "float8[]",
+    "float8[]",
     "timestamptz",
 )
 STAGE_TABLE = "telemetry_ingest_stage"
@@ -181,6 +196,60 @@ def token_live(token_id: int) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(_TOKEN_LIVE, [token_id])
         return cursor.fetchone() is not None
+
+
+# --- workloads ----------------------------------------------------------------------------------
+# A workload is identified by (the site of the reporting node, kind, id): the node's own site,
+# else its pool's; no site is site 0 in the identity (telemetry.models.Workload).
+_NODE_SITE = (
+    "(SELECT COALESCE(n.site_id, p.site_id) FROM fleet_node AS n"
+    " LEFT JOIN fleet_pool AS p ON p.id = n.pool_id WHERE n.id = %s)"
+)
+# Register the push's workloads (only while its token is live) and bring the names the agent
+# reported up to date (an empty one leaves the stored one). Both dialects: VALUES columns are
+# column1… in PostgreSQL and SQLite alike; SQLite needs the WHERE before ON CONFLICT anyway.
+_WORKLOADS_UPSERT = """INSERT INTO telemetry_workload
+    (site_id, kind, key, user_name, account, name, created_at)
+SELECT {site}, v.column1, v.column2, v.column3, v.column4, v.column5, %s
+FROM (VALUES {values}) AS v
+WHERE %s IS NULL OR EXISTS ({token})
+ON CONFLICT ((COALESCE(site_id, 0)), kind, key) DO UPDATE SET
+    user_name = COALESCE(NULLIF(excluded.user_name, ''), telemetry_workload.user_name),
+    account = COALESCE(NULLIF(excluded.account, ''), telemetry_workload.account),
+    name = COALESCE(NULLIF(excluded.name, ''), telemetry_workload.name)
+WHERE (excluded.user_name <> '' AND excluded.user_name <> telemetry_workload.user_name)
+   OR (excluded.account <> '' AND excluded.account <> telemetry_workload.account)
+   OR (excluded.name <> '' AND excluded.name <> telemetry_workload.name)"""
+_WORKLOADS_IDS = """SELECT id, kind, key FROM telemetry_workload
+WHERE COALESCE(site_id, 0) = COALESCE({site}, 0) AND (kind, key) IN (VALUES {values})"""
+
+
+def workloads_register(
+    *,
+    node_id: int,
+    workloads: Mapping[tuple[str, str], tuple[str, str, str]],
+    token_id: int | None,
+    now: dt.datetime,
+) -> dict[tuple[str, str], int]:
+    """The ids of the workloads a push of node ``node_id`` names ((kind, id) → (user,
+    account, name)), registering the new ones: two statements, whatever their number."""
+    if not workloads:
+        return {}
+    keys = sorted(workloads)
+    five = ", ".join(["(%s, %s, %s, %s, %s)"] * len(keys))
+    two = ", ".join(["(%s, %s)"] * len(keys))
+    upsert = _WORKLOADS_UPSERT.format(site=_NODE_SITE, values=five, token=_TOKEN_LIVE)
+    params: list[Any] = [node_id, connection.ops.adapt_datetimefield_value(now)]
+    for kind, key in keys:
+        params += [kind, key, *workloads[(kind, key)]]
+    params += [token_id, token_id]
+    with connection.cursor() as cursor:
+        cursor.execute(upsert, params)
+        cursor.execute(
+            _WORKLOADS_IDS.format(site=_NODE_SITE, values=two),
+            [node_id, *[part for pair in keys for part in pair]],
+        )
+        return {(kind, key): pk for pk, kind, key in cursor.fetchall()}
 
 
 # --- PostgreSQL, a small batch: one statement ---------------------------------------------------
@@ -468,7 +537,7 @@ SQLITE_CHUNK_ROWS = 1000
 
 def _store_generic(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
     """SQLite (the embedded default): small volumes, so plain SQL and the ORM suffice."""
-    adapt = connection.ops.adapt_datetimefield_value
+    adapt = _sqlite_adapters()
     by_key: dict[tuple[int, Any], tuple[Any, ...]] = {}
     inserted: list[tuple[Any, ...]] = []
     one = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
@@ -477,9 +546,11 @@ def _store_generic(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
             chunk = rows[at : at + SQLITE_CHUNK_ROWS]
             params: list[Any] = []
             for row in chunk:
-                start = adapt(row[1])
-                by_key.setdefault((row[0], start), row)  # the first of a repeated key wins
-                params += [row[0], start, *row[2:-1], adapt(row[-1])]
+                values = [
+                    v if f is None or v is None else f(v) for f, v in zip(adapt, row, strict=True)
+                ]
+                by_key.setdefault((row[0], values[1]), row)  # the first of a repeated key wins
+                params += values
             cursor.execute(
                 f"INSERT OR IGNORE INTO telemetry_sample ({_COLS}) VALUES "  # noqa: S608
                 + ", ".join([one] * len(chunk))
@@ -497,3 +568,17 @@ def _store_generic(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
         )
     hours_mark({_hour(row[1]) for row in inserted})
     return len(inserted)
+
+
+def _sqlite_adapters() -> list[Callable[[Any], Any] | None]:
+    """Per column of :data:`COLUMNS`: how SQLite stores it (times as Django's text, arrays as
+    JSON, see ``telemetry.fields``), or None for a value stored as it is."""
+    times = connection.ops.adapt_datetimefield_value
+    return [
+        times if t == "timestamptz" else _json_list if t.endswith("[]") else None
+        for t in COPY_TYPES
+    ]
+
+
+def _json_list(values: Sequence[Any]) -> str:
+    return json.dumps(list(values))

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Value
+from django.db.models.functions import Coalesce
 
 from fleet.models import Gpu, Node, Pool, Site, Team
+from telemetry.fields import NumberArrayField
+
+WORKLOAD_KINDS = ("slurm", "k8s", "container", "user")
 
 
 class Sample(models.Model):
@@ -35,7 +40,17 @@ class Sample(models.Model):
     throttle_other_s = models.FloatField(null=True)
     throttle_any_s = models.FloatField(null=True)
     active_s = models.FloatField(null=True)
+    # Profiling means over prof_s seconds of the interval (NVML GPM or dcgm-exporter), 0–1.
     sm_active = models.FloatField(null=True)
+    sm_occupancy = models.FloatField(null=True)
+    tensor_active = models.FloatField(null=True)
+    dram_active = models.FloatField(null=True)
+    prof_s = models.FloatField(null=True, help_text="Seconds the profiling means cover")
+    # The workloads that held the GPU (docs/metrics.md, "Workloads"): parallel arrays, null
+    # when the agent sent no workloads (then held/parked follow processes and memory).
+    workload_ids = NumberArrayField(base="int8", null=True)
+    workload_share_s = NumberArrayField(base="float8", null=True)
+    workload_air_s = NumberArrayField(base="float8", null=True)
     received_at = models.DateTimeField()
 
     class Meta:
@@ -43,6 +58,35 @@ class Sample(models.Model):
 
     def __str__(self) -> str:
         return f"gpu {self.gpu_id} @ {self.start:%Y-%m-%d %H:%M} ({self.seconds} s)"
+
+
+class Workload(models.Model):
+    """What held GPUs (docs/metrics.md, "Workloads"): a Slurm job, a Kubernetes pod, a
+    container or, where no scheduler is involved, a Unix user. One row per (site of the
+    reporting node, kind, id): the same job id at two sites is two workloads. ``user``,
+    ``account`` and ``name`` are the latest the agents reported; first and last seen come from
+    its samples (kept by the rollup)."""
+
+    site = models.ForeignKey(Site, null=True, on_delete=models.PROTECT, related_name="+")
+    kind = models.CharField(max_length=10, choices=[(k, k) for k in WORKLOAD_KINDS])
+    key = models.CharField(max_length=200, help_text="The workload's id as the agent sent it")
+    user_name = models.CharField(max_length=200, blank=True)
+    account = models.CharField(max_length=200, blank=True)
+    name = models.CharField(max_length=200, blank=True)
+    first_seen_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # A node without a site reports workloads of site 0: one identity, not NULL ≠ NULL.
+            models.UniqueConstraint(
+                Coalesce("site", Value(0)), "kind", "key", name="telemetry_workload_identity"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.key}"
 
 
 class HourlyUsage(models.Model):

@@ -32,6 +32,13 @@ HOSTNAME_MAX = 255
 
 Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=3600)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+# Workloads per sample, and their strings (docs/ingest.md, "workloads").
+WORKLOADS_MAX = 32
+WORKLOAD_TEXT_MAX = 200
+# Σ share_s of a sample may pass ``seconds`` by this much: per-second shares are summed in
+# floating point by the agent.
+SHARE_SLACK_S = 0.5
 
 
 # --- wire structs ------------------------------------------------------------------------------
@@ -43,6 +50,19 @@ class ThrottleIn(msgspec.Struct):
     hw_slowdown: Seconds | None = None
     other: Seconds | None = None
     any: Seconds | None = None
+
+
+class WorkloadIn(msgspec.Struct):
+    """A workload that held the GPU during the sample: its share of the interval's seconds
+    and of their air time (docs/metrics.md, "Workloads")."""
+
+    kind: Literal["slurm", "k8s", "container", "user"]
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=WORKLOAD_TEXT_MAX)]
+    share_s: Annotated[float, msgspec.Meta(gt=0, le=3600)]
+    air_s: Seconds
+    user: Annotated[str, msgspec.Meta(max_length=WORKLOAD_TEXT_MAX)] = ""
+    account: Annotated[str, msgspec.Meta(max_length=WORKLOAD_TEXT_MAX)] = ""
+    name: Annotated[str, msgspec.Meta(max_length=WORKLOAD_TEXT_MAX)] = ""
 
 
 class SampleIn(msgspec.Struct):
@@ -65,7 +85,13 @@ class SampleIn(msgspec.Struct):
     sm_clock_mhz: Annotated[float, msgspec.Meta(ge=0, le=100_000)] | None = None
     throttle_s: ThrottleIn | None = None
     active_s: Seconds | None = None
-    sm_active: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    # Profiling means (NVML GPM, dcgm-exporter) over prof_s seconds (default: seconds).
+    sm_active: Fraction | None = None
+    sm_occupancy: Fraction | None = None
+    tensor_active: Fraction | None = None
+    dram_active: Fraction | None = None
+    prof_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] | None = None
+    workloads: Annotated[list[WorkloadIn], msgspec.Meta(max_length=WORKLOADS_MAX)] | None = None
 
 
 class NodeIn(msgspec.Struct):
@@ -162,6 +188,12 @@ _RANGES = {
     "sm_clock_mhz": "must be a finite number ≥ 0",
     "active_s": "must be a number within 0–seconds",
     "sm_active": "must be a number within 0–1",
+    "sm_occupancy": "must be a number within 0–1",
+    "tensor_active": "must be a number within 0–1",
+    "dram_active": "must be a number within 0–1",
+    "prof_s": "must be a number within 1–seconds",
+    "share_s": "must be a number above 0 and at most seconds",
+    "air_s": "must be a number within 0–share_s",
     "memory_total_bytes": "must be an integer ≥ 0 (bytes)",
     "power_limit_w": "must be a number within 0–5000",
     "index": f"must be an integer within 0–{SMALLINT_MAX}",
@@ -199,8 +231,10 @@ def validation_error_split(exc: msgspec.ValidationError, root: str = "body") -> 
     if leaf.startswith("throttle_s") or path.startswith("throttle_s."):
         if ">=" in message or "<=" in message:
             return path, "must be a number within 0–seconds"
-    if leaf in _RANGES and (
-        ">=" in message or "<=" in message or "out of range" in message or "got `float`" in message
+    if leaf == "workloads" and "length" in message:
+        return path, f"at most {WORKLOADS_MAX} entries"
+    if leaf in _RANGES and any(
+        mark in message for mark in (">=", "<=", "` > ", "` < ", "out of range", "got `float`")
     ):
         return path, _RANGES[leaf]
     return path or root, message
