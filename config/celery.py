@@ -9,6 +9,9 @@ from celery.schedules import crontab
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
+# Imported for its signal handlers: a worker that stops taking tasks exits (config/watchdog.py).
+from config import watchdog  # noqa: E402, F401
+
 app = Celery("gpufleet")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()

@@ -132,6 +132,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TIMEZONE = "UTC"
+# A worker whose queues hold tasks it has not received for this long exits for its supervisor
+# to restart (config/watchdog.py: a known kombu fault after a broker blip); 0: never.
+WORKER_STUCK_AFTER_S = env_int("WORKER_STUCK_AFTER_S", 120)
+WORKER_WATCHDOG_INTERVAL_S = env_int("WORKER_WATCHDOG_INTERVAL_S", 15)
 
 # --- Auth, sessions, security ---------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
