@@ -138,7 +138,7 @@ def run_once(agent: Agent, clock: Clock) -> list[dict[str, Any]]:
         if now < t:
             clock.sleep(t - now)
         out.extend(agent.tick(t))
-    agent.collector.shutdown()
+    agent.source.shutdown()
     start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s))
     return [x for x in out if x["start"] == start]
 
@@ -183,13 +183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.once:
             samples = run_once(agent, clock)
-            if not agent.collector.up and not samples:
+            if not agent.source.up and not samples:
                 print("gpufleet-agent: NVML is not available on this host", file=sys.stderr)
                 return 1
             if args.print_:
                 payload = {
                     "node": agent.node_info(),
-                    "gpus": agent.collector.inventory(),
+                    "gpus": agent.source.inventory(),
                     "samples": samples,
                 }
                 json.dump(payload, sys.stdout, indent=2)
