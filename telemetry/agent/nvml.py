@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import pynvml
 
 from .gpm import METRICS, GpmApi, GpmPair
-from .source import Reading, TickResult
+from .source import GpuInfo, Reading, TickResult, inventory
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -216,16 +216,10 @@ GPM_GIVE_UP = 60
 
 
 @dataclass
-class Gpu:
+class Gpu(GpuInfo):
     """One GPU as the collector knows it, keyed by UUID (indices change across reboots)."""
 
-    uuid: str
-    index: int
-    name: str
-    handle: Any
-    memory_total_bytes: int | None = None
-    power_limit_w: float | None = None
-    lost: bool = False
+    handle: Any = None
     unsupported: set[str] = field(default_factory=set)
     util_ts: int = 0  # newest NVML utilisation sample timestamp seen, µs
     use_samples: bool = True
@@ -235,17 +229,6 @@ class Gpu:
     transient_errors: int = 0
     gpm: GpmPair | None = None  # None: no GPM on this GPU (or not set up yet)
     gpm_failures: int = 0  # consecutive failed GPM ticks
-
-    def inventory(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"uuid": self.uuid, "index": self.index, "name": self.name}
-        if self.memory_total_bytes is not None:
-            d["memory_total_bytes"] = self.memory_total_bytes
-        if self.power_limit_w is not None:
-            d["power_limit_w"] = self.power_limit_w
-        if self.lost:
-            # the server sets the GPU's lost_at, and clears it when a push lists it present
-            d["status"] = "lost"
-        return d
 
 
 def _sample_value(vtype: int, v: Any) -> float:
@@ -394,8 +377,7 @@ class Collector:
         )
 
     def inventory(self) -> list[dict[str, Any]]:
-        # called from the sender thread: take a snapshot of the values first
-        return [g.inventory() for g in sorted(list(self.gpus.values()), key=lambda g: g.index)]
+        return inventory(self.gpus.values())
 
     # -- one tick ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ sources that cannot measure it change nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -51,6 +52,34 @@ class Reading:
     # What held the GPU in this second: ``None`` when the source cannot tell, ``()`` when it
     # can and nothing did. Not sent yet (the workloads of DESIGN §8.1 build on it).
     workloads: tuple[Workload, ...] | None = None
+
+
+@dataclass
+class GpuInfo:
+    """What the ``gpus`` block of a push says about one GPU (DESIGN §4), keyed by UUID."""
+
+    uuid: str
+    index: int
+    name: str
+    memory_total_bytes: int | None = None
+    power_limit_w: float | None = None
+    lost: bool = False
+
+    def inventory(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"uuid": self.uuid, "index": self.index, "name": self.name}
+        if self.memory_total_bytes is not None:
+            d["memory_total_bytes"] = self.memory_total_bytes
+        if self.power_limit_w is not None:
+            d["power_limit_w"] = self.power_limit_w
+        if self.lost:
+            # the server sets the GPU's lost_at, and clears it when a push lists it present
+            d["status"] = "lost"
+        return d
+
+
+def inventory(gpus: Iterable[GpuInfo]) -> list[dict[str, Any]]:
+    """The ``gpus`` block, by index. Called from the sender thread too: a snapshot first."""
+    return [g.inventory() for g in sorted(list(gpus), key=lambda g: g.index)]
 
 
 @dataclass
