@@ -56,6 +56,59 @@ _PROF = (
     ),
     ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active."),
 )
+# The rest of dcgm-exporter's default counters (and two profiling ones): the agent reads none of
+# them, but an answer carries them, and parsing them is part of what a scrape costs.
+_UNREAD = (
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", "2619"),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", "41"),
+    (
+        "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+        "counter",
+        "Total number of bytes transmitted through PCIe TX (in KB) via NVML.",
+        "81237",
+    ),
+    (
+        "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+        "counter",
+        "Total number of bytes received through PCIe RX (in KB) via NVML.",
+        "91733",
+    ),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", "0"),
+    ("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", "0"),
+    ("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", "0"),
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        "1438129",
+    ),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status", "0"),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for uncorrectable errors",
+        "0",
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for correctable errors",
+        "0",
+    ),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", "0"),
+    (
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over the PCIe bus in bytes per second.",
+        "31415926",
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "The rate of data received over the PCIe bus in bytes per second.",
+        "27182818",
+    ),
+)
 # fake.py's "unsupported" names → the fields an exporter then has no value for
 _UNSUPPORTED = {
     "energy": "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
@@ -83,6 +136,7 @@ def _values(g: FakeGpu, now: int) -> dict[str, str]:
         "DCGM_FI_DEV_FB_RESERVED": str(reserved_mib),
         "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": str(bits),
     }
+    out.update((name, value) for name, _, _, value in _UNREAD)
     for name in (_UNSUPPORTED[u] for u in g.unsupported if u in _UNSUPPORTED):
         out.pop(name, None)
     if g.gpm:
@@ -108,7 +162,8 @@ def exposition(
     present = [g for g in gpus if g.lost_at is None or now <= g.lost_at]
     values = {g.uuid: _values(g, now) for g in present}
     lines: list[str] = []
-    for name, kind, text in _BASIC + _PROF:
+    fields = _BASIC + _PROF + tuple((name, kind, text) for name, kind, text, _ in _UNREAD)
+    for name, kind, text in fields:
         lines.append(f"# HELP {name} {text}")
         lines.append(f"# TYPE {name} {kind}")
         for g in present:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -256,6 +257,21 @@ def test_mig_instances_lend_their_pods_not_their_values() -> None:
     )
 
 
+def test_fields_are_matched_by_their_whole_name() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    gpu = 'gpu="0",UUID="GPU-aaaa"'
+    text = (
+        "# HELP DCGM_FI_DEV_FB_USED_PERCENT Percentage used of Frame Buffer: 'Used/(Total)'.\n"
+        "# TYPE DCGM_FI_DEV_FB_USED_PERCENT gauge\n"
+        f"DCGM_FI_DEV_FB_USED_PERCENT{{{gpu}}} 0.75\n"
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+        f"DCGM_FI_DEV_FB_USED{{{gpu}}} 100\n"
+    )
+    series, _ = parse(text, text_string_to_metric_families)
+    assert series["GPU-aaaa"].values == {"DCGM_FI_DEV_FB_USED": 100.0}  # not the 0.75
+
+
 # -- one summariser, two sources ---------------------------------------------------------------
 
 
@@ -387,10 +403,7 @@ def test_an_exporter_that_is_gone_makes_the_gpus_offline_not_idle(
     assert agent.source.inventory()[0].get("status") is None  # away is not lost
 
 
-@pytest.mark.parametrize(
-    "answer",
-    ["500", "garbage", "no GPU"],
-)
+@pytest.mark.parametrize("answer", ["500", "bad line", "html", "no GPU"])
 def test_an_answer_that_says_nothing_about_the_gpus_is_a_missing_second(
     exporter: FakeExporter, answer: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -398,7 +411,9 @@ def test_an_answer_that_says_nothing_about_the_gpus_is_a_missing_second(
     clock = VirtualClock(T0)
     good = lambda now: exposition([gpu], now)  # noqa: E731
     bad = {
-        "garbage": lambda now: "<html><body>502 Bad Gateway</body></html>\n",
+        # a value that is no number, in a field the agent reads
+        "bad line": lambda now: re.sub(r"(DCGM_FI_DEV_GPU_UTIL\{.*\}) \d+", r"\1 N/A", good(now)),
+        "html": lambda now: "<html><body>502 Bad Gateway</body></html>\n",
         "no GPU": lambda now: "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n",
         "500": good,
     }[answer]
@@ -416,9 +431,8 @@ def test_an_answer_that_says_nothing_about_the_gpus_is_a_missing_second(
     assert s["energy_j"] == 3800.0  # 8 deltas × 450 J + second 5 at its power, 200 J
     msgs = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
     assert len(msgs) == 1
-    assert {"500": "HTTP 500", "garbage": "invalid metric name", "no GPU": "without any GPU"}[
-        answer
-    ] in msgs[0]
+    why = {"500": "HTTP 500", "bad line": "N/A", "html": "without any GPU"}
+    assert why.get(answer, "without any GPU") in msgs[0]
 
 
 def test_an_exporter_restart_between_two_scrapes_costs_nothing(
