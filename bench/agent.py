@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -105,31 +106,38 @@ def raw_reference(api: Any, handles: list[Any], gpm: list[RawGpm] | None = None)
             gpm[i].tick(h)
 
 
+def per_tick(clock: VirtualClock, ticks: int, tick: Callable[[int], Any]) -> float:
+    """CPU seconds of this thread per call of ``tick(t)`` over ``ticks`` simulated seconds."""
+    c0 = time.thread_time()
+    for t in range(T0, T0 + ticks):
+        clock.set(t + 0.001)
+        tick(t)
+    return (time.thread_time() - c0) / ticks
+
+
+def agent_per_tick(source: Any, clock: VirtualClock, ticks: int) -> float:
+    """The whole agent tick (source, summariser, spool writes) after a minute's warm-up."""
+    with tempfile.TemporaryDirectory() as d:
+        agent = Agent(source, spool_dir=d, clock=clock)
+        for t in range(T0 - 60, T0):
+            clock.set(t + 0.001)
+            agent.tick(t)
+        cost = per_tick(clock, ticks, agent.tick)
+        agent.close()
+    return cost
+
+
 def in_process(gpus: int, ticks: int, gpm: bool = False) -> tuple[float, float]:
     fleet = FakeFleet(spec(gpus, gpm), seed=1, epoch=T0)
     host = fleet.nodes[0]
-    with tempfile.TemporaryDirectory() as d:
-        clock = VirtualClock(T0)
-        agent = Agent(fleet.backend(host, clock.time), spool_dir=d, clock=clock)
-        for t in range(T0 - 60, T0):  # warm up
-            clock.set(t + 0.001)
-            agent.tick(t)
-        c0 = time.process_time()
-        for t in range(T0, T0 + ticks):
-            clock.set(t + 0.001)
-            agent.tick(t)
-        tick_s = (time.process_time() - c0) / ticks
-        agent.close()
+    clock = VirtualClock(T0)
+    tick_s = agent_per_tick(fleet.backend(host, clock.time), clock, ticks)
     clock = VirtualClock(T0)
     api = fleet.backend(host, clock.time)
     api.nvmlInit()
     handles = [api.nvmlDeviceGetHandleByIndex(i) for i in range(gpus)]
     raw_gpm = [RawGpm(api) for _ in handles] if gpm else None
-    c0 = time.process_time()
-    for t in range(T0, T0 + ticks):
-        clock.set(t + 0.001)
-        raw_reference(api, handles, raw_gpm)
-    raw_s = (time.process_time() - c0) / ticks
+    raw_s = per_tick(clock, ticks, lambda t: raw_reference(api, handles, raw_gpm))
     return tick_s, raw_s
 
 
@@ -142,33 +150,23 @@ def fake_exporter(gpus: int, clock: Any) -> FakeExporter:
 
 
 def dcgm_in_process(gpus: int, ticks: int) -> tuple[float, float, int]:
-    """CPU of the ticking thread per tick: the agent on the dcgm source, and the raw scrape
-    (GET + parse); and the size of one answer in bytes."""
+    """CPU of the ticking thread per tick (the exporter answers from other threads): the agent
+    on the dcgm source, and the raw scrape (GET + parse); and the size of one answer in bytes."""
     clock = VirtualClock(T0)
     exporter = fake_exporter(gpus, clock.time)
+    scraper = Scraper(exporter.url, 5.0)
+
+    def raw(t: int) -> None:
+        for family in text_string_to_metric_families(scraper.get()):
+            for sample in family.samples:
+                sample.labels.get("UUID")
+
     try:
-        with tempfile.TemporaryDirectory() as d:
-            agent = Agent(DcgmSource(exporter.url), spool_dir=d, clock=clock)
-            for t in range(T0 - 60, T0):  # warm up
-                clock.set(t + 0.001)
-                agent.tick(t)
-            c0 = time.thread_time()
-            for t in range(T0, T0 + ticks):
-                clock.set(t + 0.001)
-                agent.tick(t)
-            tick_s = (time.thread_time() - c0) / ticks
-            agent.close()
-        scraper = Scraper(exporter.url, 5.0)
+        tick_s = agent_per_tick(DcgmSource(exporter.url), clock, ticks)
         size = len(scraper.get().encode())
-        c0 = time.thread_time()
-        for t in range(T0, T0 + ticks):
-            clock.set(t + 0.001)
-            for family in text_string_to_metric_families(scraper.get()):
-                for sample in family.samples:
-                    sample.labels.get("UUID")
-        raw_s = (time.thread_time() - c0) / ticks
-        scraper.close()
+        raw_s = per_tick(clock, ticks, raw)
     finally:
+        scraper.close()
         exporter.down()
     return tick_s, raw_s, size
 
