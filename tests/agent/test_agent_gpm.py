@@ -8,17 +8,21 @@ the pair (t-1, t), so the first tick after discovery has no profiling fields.
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import logging
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
+import pynvml
 import pytest
 
 from telemetry.agent.agent import Agent
 from telemetry.agent.clock import VirtualClock
 from telemetry.agent.fake import MODELS, FakeFleet, FakeNvml, ScriptedGpu, simulate
 from telemetry.agent.gpm import GpmPair
+from telemetry.agent.nvml import PynvmlApi
 from tests.agent.test_agent_collect import FULL, H100, START, T0, U1, U2, counter, only, run, script
 
 A100 = MODELS["A100"]
@@ -296,3 +300,76 @@ def test_simulate_without_gpm_is_unchanged_by_it() -> None:
     end = datetime(2026, 11, 30, 1, tzinfo=UTC)
     plain = [s for _, p in simulate("small", start=start, end=end) for s in p["samples"]]
     assert plain and not any(PROF_KEYS & set(s) for s in plain)
+
+
+def test_gpm_through_nvidia_ml_py_s_own_wrappers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PynvmlApi's GPM calls go through nvidia-ml-py's real wrappers (pynvml.nvmlGpm*), with
+    the C library under them stood in for by ctypes callbacks of the C signatures: what the
+    agent puts in ``c_nvmlGpmMetricsGet_t`` reaches C, and what C writes comes back."""
+    sample_t = pynvml.c_nvmlGpmSample_t
+    # (an exception inside a ctypes callback does not reach the caller: record, assert later)
+    buffers: dict[int, Any] = {}
+    order = itertools.count(1)
+    taken: dict[int, int] = {}  # buffer address → when it was last filled
+    seen: list[tuple[int, int, list[int], bool]] = []  # version, numMetrics, ids, oldest first
+
+    def alloc(pp: Any) -> int:
+        buf = ctypes.create_string_buffer(8)
+        buffers[ctypes.addressof(buf)] = buf
+        pp[0] = ctypes.cast(buf, sample_t)
+        return pynvml.NVML_SUCCESS
+
+    def free(p: Any) -> int:
+        del buffers[ctypes.addressof(p.contents)]
+        return pynvml.NVML_SUCCESS
+
+    def get(device: Any, p: Any) -> int:
+        taken[ctypes.addressof(p.contents)] = next(order)
+        return pynvml.NVML_SUCCESS
+
+    def metrics(pm: Any) -> int:
+        m = pm.contents
+        ids = [int(m.metrics[i].metricId) for i in range(m.numMetrics)]
+        older = taken[ctypes.addressof(m.sample1.contents)]
+        newer = taken[ctypes.addressof(m.sample2.contents)]
+        seen.append((int(m.version), int(m.numMetrics), ids, older < newer))
+        answers = {2: (0, 42.5), 3: (0, 17.25), 5: (pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0)}
+        for i, metric_id in enumerate(ids):
+            # DRAM (10) says 100.4 %: counter timing, read as 100
+            m.metrics[i].nvmlReturn, m.metrics[i].value = answers.get(metric_id, (0, 100.4))
+        return pynvml.NVML_SUCCESS
+
+    def support(device: Any, ps: Any) -> int:
+        ps[0].isSupportedDevice = 1 if ps[0].version == pynvml.NVML_GPM_SUPPORT_VERSION else 0
+        return pynvml.NVML_SUCCESS
+
+    c_int, void_p = ctypes.c_int, ctypes.c_void_p
+    fns = {
+        "nvmlGpmSampleAlloc": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(sample_t))(alloc),
+        "nvmlGpmSampleFree": ctypes.CFUNCTYPE(c_int, sample_t)(free),
+        "nvmlGpmSampleGet": ctypes.CFUNCTYPE(c_int, void_p, sample_t)(get),
+        "nvmlGpmMetricsGet": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(pynvml.c_nvmlGpmMetricsGet_t))(
+            metrics
+        ),
+        "nvmlGpmQueryDeviceSupport": ctypes.CFUNCTYPE(
+            c_int, void_p, ctypes.POINTER(pynvml.c_nvmlGpmSupport_t)
+        )(support),
+    }
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", fns.__getitem__)
+    api = PynvmlApi()
+    device = 0x1000  # an opaque handle, as far as these calls go
+    assert api.nvmlGpmQueryDeviceSupport(device).isSupportedDevice == 1
+    pair = GpmPair(api)
+    assert len(buffers) == 2
+    assert pair.take(device, 100.0) is None
+    assert pair.take(device, 101.0) == [
+        (42.5, 0),
+        (17.25, 0),
+        (None, pynvml.NVML_ERROR_NOT_SUPPORTED),
+        (100.0, 0),
+    ]
+    assert pair.take(device, 102.0) is not None  # the buffers swap: still older → newer
+    # version 1, the four metrics, and sample1 the older sample, both times
+    assert seen == [(1, 4, [2, 3, 5, 10], True)] * 2
+    pair.free()
+    assert not buffers
