@@ -1,5 +1,8 @@
 """The agent: tick every second, summarise per interval, spool, deliver.
 
+Each tick asks the source (source.py: NVML with GPM, or a dcgm-exporter) for one reading per
+GPU and hands them to the one summariser; the source is the only part that differs.
+
 The sampling loop runs in the calling thread; delivery runs in a second thread on its own
 spool connection, so a slow or absent server never delays a tick. Tests drive
 :meth:`Agent.tick` and :meth:`Delivery.step` directly on a simulated clock.
@@ -21,6 +24,7 @@ from . import __version__
 from .client import Delivery, Response, ingest_url, post_json
 from .clock import Clock, RealClock
 from .nvml import Collector, NvmlApi
+from .source import Source
 from .spool import Spool
 from .summarise import Summariser
 
@@ -41,7 +45,7 @@ SPOOL_FULL_LOG_EVERY_S = 600.0
 class Agent:
     def __init__(
         self,
-        api: NvmlApi,
+        source: Source | NvmlApi,
         *,
         spool_dir: str | None,
         server: str | None = None,
@@ -56,7 +60,10 @@ class Agent:
         max_backoff_s: float = 300.0,
     ) -> None:
         self.clock: Clock = clock or RealClock()
-        self.collector = Collector(api)
+        # an NVML backend (pynvml, or fake.FakeNvml) is read through the NVML collector
+        self.source: Source = (
+            source if isinstance(source, Source) else Collector(source, clock=self.clock.time)
+        )
         self.summariser = Summariser(interval_s)
         self.interval_s = interval_s
         self.hostname = hostname or socket.gethostname()
@@ -87,14 +94,20 @@ class Agent:
         self._dropped_unlogged = 0
         self._dropped_log_next = -math.inf
 
+    @property
+    def collector(self) -> Source:
+        """The source, by the name it had while NVML was the only one."""
+        return self.source
+
     def _inventory(self) -> list[dict[str, Any]] | None:
-        """The GPU block for a push; ``None`` until NVML has listed the GPUs (Delivery waits)."""
-        return self.collector.inventory() if self.collector.discovered else None
+        """The GPU block for a push; ``None`` until the source has listed the GPUs (Delivery
+        waits)."""
+        return self.source.inventory() if self.source.discovered else None
 
     def node_info(self) -> dict[str, Any]:
         d: dict[str, Any] = {"hostname": self.hostname, "agent_version": __version__}
-        if self.collector.driver_version:
-            d["driver_version"] = self.collector.driver_version
+        if self.source.driver_version:
+            d["driver_version"] = self.source.driver_version
         return d
 
     # -- sampling ---------------------------------------------------------------------------
@@ -103,11 +116,11 @@ class Agent:
         """The tick at whole second ``t``: read every GPU (the second ``[t-1, t)``), and return
         the samples of intervals that closed, after storing them in the spool."""
         self.ticks += 1
-        res = self.collector.read(float(t))
+        res = self.source.read(float(t))
         if self.spool is not None:
             # Before any sample of a GPU is spooled, so that a push after a restart can still
             # describe a GPU that is gone by then (Delivery.block).
-            inventory = self.collector.inventory()
+            inventory = self.source.inventory()
             if inventory != self._saved_inventory:
                 self.spool.gpus_save(inventory)
                 self._saved_inventory = inventory
@@ -181,7 +194,7 @@ class Agent:
         finally:
             self._stop_until = time.monotonic() + STOP_BUDGET_S
             self.flush()
-            self.collector.shutdown()
+            self.source.shutdown()
             stop.set()
             self._wake.set()
             if sender is not None:

@@ -1,10 +1,11 @@
 """``gpufleet-agent``: the command line (DESIGN.md §7).
 
     gpufleet-agent --server URL --token TOKEN [--interval 60] [--spool DIR]
-                   [--once --print] [--fake SPEC]
+                   [--once --print] [--fake SPEC] [--source nvml|dcgm] [--dcgm-url URL]
 
 Environment variables stand in for the flags: GPUFLEET_SERVER, GPUFLEET_TOKEN,
-GPUFLEET_INTERVAL, GPUFLEET_SPOOL, GPUFLEET_FAKE (and GPUFLEET_HOSTNAME, GPUFLEET_LOG_LEVEL).
+GPUFLEET_INTERVAL, GPUFLEET_SPOOL, GPUFLEET_FAKE, GPUFLEET_SOURCE, GPUFLEET_DCGM_URL (and
+GPUFLEET_HOSTNAME, GPUFLEET_LOG_LEVEL).
 For tests and demos of the fake fleet: GPUFLEET_FAKE_SEED, GPUFLEET_FAKE_SPEED (simulated
 seconds per real second) and GPUFLEET_FAKE_EPOCH (Unix seconds or ISO time anchoring
 the fleet's relative fault times and the sped-up clock).
@@ -28,7 +29,9 @@ from typing import Any
 from . import __version__
 from .agent import Agent
 from .clock import Clock, RealClock, ScaledClock, VirtualClock
+from .dcgm import DEFAULT_URL, DcgmSource
 from .nvml import NvmlApi, PynvmlApi
+from .source import Source
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -73,6 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --once: print the payload as JSON instead of sending it",
     )
     p.add_argument("--fake", default=env("GPUFLEET_FAKE"), help="use a simulated fleet (SPEC)")
+    p.add_argument(
+        "--source",
+        choices=("nvml", "dcgm"),
+        default=env("GPUFLEET_SOURCE") or "nvml",
+        help="read the GPUs through NVML (default) or an existing dcgm-exporter's /metrics",
+    )
+    p.add_argument(
+        "--dcgm-url",
+        default=env("GPUFLEET_DCGM_URL") or DEFAULT_URL,
+        help=f"with --source dcgm: the exporter's metrics URL (default {DEFAULT_URL})",
+    )
     p.add_argument("--hostname", default=env("GPUFLEET_HOSTNAME"), help="override the hostname")
     p.add_argument(
         "--spool-max-samples",
@@ -97,8 +111,10 @@ def _epoch(v: str | None) -> float | None:
         return float(parse_time(v, 0))
 
 
-def _setup(args: argparse.Namespace) -> tuple[NvmlApi, Clock, str | None]:
-    """The backend, the clock and the default hostname for these arguments."""
+def _setup(args: argparse.Namespace) -> tuple[Source | NvmlApi, Clock, str | None]:
+    """The source (or NVML backend), the clock and the default hostname for these arguments."""
+    if args.source == "dcgm":
+        return DcgmSource(args.dcgm_url), RealClock(), None
     if not args.fake:
         return PynvmlApi(), RealClock(), None
     from .fake import FakeFleet
@@ -138,7 +154,7 @@ def run_once(agent: Agent, clock: Clock) -> list[dict[str, Any]]:
         if now < t:
             clock.sleep(t - now)
         out.extend(agent.tick(t))
-    agent.collector.shutdown()
+    agent.source.shutdown()
     start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s))
     return [x for x in out if x["start"] == start]
 
@@ -160,6 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.print_ and not args.once:
         print("gpufleet-agent: --print needs --once", file=sys.stderr)
         return 2
+    if args.fake and args.source == "dcgm":
+        print(
+            "gpufleet-agent: --fake simulates NVML; with --source dcgm point --dcgm-url at an "
+            "exporter",
+            file=sys.stderr,
+        )
+        return 2
     sending = not (args.once and args.print_)
     if sending and not (args.server and args.token):
         print(
@@ -168,9 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    api, clock, fake_host = _setup(args)
+    try:
+        source, clock, fake_host = _setup(args)
+    except (RuntimeError, ValueError) as e:  # a bad URL or spec, prometheus-client missing
+        print(f"gpufleet-agent: {e}", file=sys.stderr)
+        return 2
     agent = Agent(
-        api,
+        source,
         spool_dir=args.spool if sending else None,
         server=args.server if sending else None,
         token=args.token,
@@ -183,13 +210,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.once:
             samples = run_once(agent, clock)
-            if not agent.collector.up and not samples:
-                print("gpufleet-agent: NVML is not available on this host", file=sys.stderr)
+            if not agent.source.up and not samples:
+                what = (
+                    f"dcgm-exporter at {args.dcgm_url} did not answer"
+                    if args.source == "dcgm"
+                    else "NVML is not available on this host"
+                )
+                print(f"gpufleet-agent: {what}", file=sys.stderr)
                 return 1
             if args.print_:
                 payload = {
                     "node": agent.node_info(),
-                    "gpus": agent.collector.inventory(),
+                    "gpus": agent.source.inventory(),
                     "samples": samples,
                 }
                 json.dump(payload, sys.stdout, indent=2)
@@ -207,12 +239,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         log.info(
-            "gpufleet-agent %s: host %s, interval %d s, spool %s, server %s%s",
+            "gpufleet-agent %s: host %s, interval %d s, spool %s, server %s, %s%s",
             __version__,
             agent.hostname,
             args.interval,
             args.spool,
             args.server,
+            f"dcgm-exporter {args.dcgm_url}" if args.source == "dcgm" else "NVML",
             f", fake fleet {args.fake!r}" if args.fake else "",
         )
         agent.run(stop)

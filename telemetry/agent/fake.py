@@ -11,10 +11,16 @@ and the minute), with a small zero-sum jitter inside the minute: utilisation alt
 ``+j, -j`` second by second, power ``+2 W, -2 W``. The analytic path adds the same seconds up
 in closed form, so for any interval the tick-by-tick agent and ``simulate`` produce the same
 sample (asserted in tests/agent/test_agent_fake.py).
+
+GPM: GPUs of a model that has it (Hopper: H100, H200), in a group with ``gpm=1``, answer
+``nvmlGpmQueryDeviceSupport`` with 1 and report SM, tensor and DRAM activity derived from their
+pattern; every other GPU answers 0. ``FakeNvml(..., gpm_library=False)`` is a library without
+GPM (old drivers, NVIDIA's mock NVML): every GPM call raises ``FUNCTION_NOT_FOUND``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import re
@@ -76,6 +82,7 @@ class GpuModel:
     load_w: float
     clock_max_mhz: int
     clock_idle_mhz: int
+    gpm: bool = False  # NVML GPM: Hopper and later
 
     @property
     def memory_total_bytes(self) -> int:
@@ -85,9 +92,9 @@ class GpuModel:
 MODELS: dict[str, GpuModel] = {
     m.key: m
     for m in (
-        GpuModel("H100", "NVIDIA H100 80GB HBM3", 81559, 700, 69, 115, 629, 1980, 345),
-        GpuModel("H100-PCIE", "NVIDIA H100 PCIe", 81559, 350, 48, 80, 310, 1755, 345),
-        GpuModel("H200", "NVIDIA H200", 143771, 700, 77, 125, 628, 1980, 345),
+        GpuModel("H100", "NVIDIA H100 80GB HBM3", 81559, 700, 69, 115, 629, 1980, 345, True),
+        GpuModel("H100-PCIE", "NVIDIA H100 PCIe", 81559, 350, 48, 80, 310, 1755, 345, True),
+        GpuModel("H200", "NVIDIA H200", 143771, 700, 77, 125, 628, 1980, 345, True),
         GpuModel("A100", "NVIDIA A100-SXM4-80GB", 81920, 400, 50, 85, 360, 1410, 210),
         GpuModel("A100-PCIE", "NVIDIA A100 80GB PCIe", 81920, 300, 40, 70, 260, 1410, 210),
         GpuModel("L40S", "NVIDIA L40S", 46068, 350, 35, 80, 300, 2520, 210),
@@ -135,6 +142,27 @@ _P_POWER = int(pynvml.nvmlClocksThrottleReasonSwPowerCap)
 _P_THERMAL = int(pynvml.nvmlClocksThrottleReasonSwThermalSlowdown)
 _P_HW = int(pynvml.nvmlClocksThrottleReasonHwSlowdown)
 
+# One second's GPM metrics, in the order of gpm.METRICS: SM active, SM occupancy, any tensor
+# active, DRAM bandwidth, each in % (None: the GPU does not give that metric).
+Prof = tuple[int | None, int | None, int | None, int | None]
+_NO_PROF: Prof = (None, None, None, None)
+_GPM_INDEX = {
+    int(pynvml.NVML_GPM_METRIC_SM_UTIL): 0,
+    int(pynvml.NVML_GPM_METRIC_SM_OCCUPANCY): 1,
+    int(pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL): 2,
+    int(pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL): 3,
+}
+# pattern → (SM active per point of utilisation, tensor and occupancy as shares of SM active),
+# all in %: kernels that run most of the time yet keep only part of the SMs busy, the gap
+# DESIGN §8.2 exists to show.
+_PROF_SHAPE = {
+    "training": (62, 70, 45),
+    "inference": (40, 50, 35),
+    "batch": (68, 20, 50),
+    "notebook": (30, 10, 25),
+    "parked": (0, 0, 0),
+}
+
 
 # ---------------------------------------------------------------------------------------------
 # GPUs
@@ -154,6 +182,8 @@ class FakeGpu:
         resets: Sequence[int] = (),
         unsupported: Sequence[str] = (),
         old_driver: bool = False,
+        gpm: bool = False,
+        gpm_fail: Sequence[tuple[int, int]] = (),
     ) -> None:
         self.uuid = uuid
         self.index = index
@@ -162,6 +192,8 @@ class FakeGpu:
         self.resets = sorted(resets)  # energy counter restarts from 0 at these seconds
         self.unsupported = frozenset(unsupported)
         self.old_driver = old_driver
+        self.gpm = gpm  # nvmlGpmQueryDeviceSupport says 1
+        self.gpm_fail = list(gpm_fail)  # [a, b): nvmlGpmSampleGet raises NVMLError_Unknown
         self.memory_total = gpu_model.memory_total_bytes
         # memory the driver reserves: counted as used by memory info v1, not by v2
         self.reserved = self.memory_total // 160
@@ -175,6 +207,10 @@ class FakeGpu:
         """State during second ``[t, t+1)``: util %, mem util %, mem used B, procs, power mW,
         temp °C, SM clock MHz, clocks-event reason bits."""
         raise NotImplementedError
+
+    def prof(self, t: int) -> Prof:
+        """GPM metrics over second ``[t, t+1)``, in % (only asked of GPUs with ``gpm``)."""
+        return _NO_PROF
 
     # -- energy counter ---------------------------------------------------------------------
 
@@ -221,11 +257,14 @@ class ScriptedGpu(FakeGpu):
         script: Callable[[int], tuple[int, int, int, int, int, int, int, int]],
         *,
         energy: Callable[[int], int] | None = None,
+        prof: Callable[[int], Prof] | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(uuid, index, gpu_model, **kw)
+        """``prof(t)``, when given, makes the GPU one with GPM and says its metrics."""
+        super().__init__(uuid, index, gpu_model, gpm=prof is not None, **kw)
         self._script = script
         self._energy = energy
+        self._prof = prof
 
     def second(self, t: int) -> tuple[int, int, int, int, int, int, int, int]:
         return self._script(t)
@@ -234,6 +273,9 @@ class ScriptedGpu(FakeGpu):
         if self._energy is not None:
             return self._energy(t)
         return super().energy_mj(t)
+
+    def prof(self, t: int) -> Prof:
+        return self._prof(t) if self._prof is not None else _NO_PROF
 
 
 class PatternGpu(FakeGpu):
@@ -380,6 +422,15 @@ class PatternGpu(FakeGpu):
             bits |= REASON_GPU_IDLE
         return util, mu, mem, procs, p + sign * jp, temp, clock, bits
 
+    def prof(self, t: int) -> Prof:
+        """Constant within the minute (no jitter), so the closed form adds them up exactly."""
+        if not self.gpm:
+            return _NO_PROF
+        u, mu = self.minute(t // 60)[:2]
+        per_util, tensor, occupancy = _PROF_SHAPE[self.pattern]
+        sm = u * per_util // 100
+        return sm, sm * occupancy // 100, sm * tensor // 100, mu
+
     def window(self, w0: int, w1: int) -> dict[str, Any] | None:
         """The sample the agent would send for ``[w0, w1)``, in closed form."""
         if (
@@ -387,6 +438,7 @@ class PatternGpu(FakeGpu):
             and w0 % 60 == 0
             and not self.unsupported
             and not self.old_driver
+            and not self.gpm
             and (self.lost_at is None or self.lost_at >= w1)
         ):
             # The common case, one whole minute, written out: what finalise() computes from
@@ -463,6 +515,11 @@ class PatternGpu(FakeGpu):
             if k_any > a:
                 thr[4] += min(b, k_any) - a
             thr_n += n
+            if self.gpm:
+                for i, v in enumerate(self.prof(base)):
+                    if v is not None:
+                        acc.prof_sum[i] += v * n
+                        acc.prof_cnt[i] += n
             t = base + b
             m += 1
         n_all = w1 - w0
@@ -494,6 +551,8 @@ class PatternGpu(FakeGpu):
             acc.clock_sum, acc.clock_n = clock_sum, n_all
         if "throttle" not in uns:
             acc.thr, acc.thr_n = thr, thr_n
+        if any(acc.prof_cnt):
+            acc.prof_n = n_all  # every second has a GPM pair (gpm_fail is not modelled here)
         return finalise(self.uuid, acc)
 
 
@@ -514,6 +573,16 @@ class FakeProcess:
     usedGpuMemory: int  # pynvml's field name
 
 
+@dataclass
+class FakeGpmSample:
+    """What the fake keeps behind one ``c_nvmlGpmSample_t``: the GPU and the second it was
+    filled at (its counters cover every second before that)."""
+
+    buffer: Any  # the ctypes buffer the pointer points to; kept alive here
+    gpu: FakeGpu | None = None
+    at: int = 0
+
+
 class FakeNvml:
     """pynvml's calls over a set of fake GPUs, read at ``clock()`` (Unix seconds).
 
@@ -522,9 +591,17 @@ class FakeNvml:
     ``floor(t)``.
     """
 
-    def __init__(self, gpus: Sequence[FakeGpu], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        gpus: Sequence[FakeGpu],
+        clock: Callable[[], float] = time.time,
+        *,
+        gpm_library: bool = True,
+    ) -> None:
         self.gpus = list(gpus)
         self.clock = clock
+        self.gpm_library = gpm_library
+        self.gpm_samples: dict[int, FakeGpmSample] = {}  # buffer address → sample
         self.initialised = False
         self.generation = 0
         self.outages: list[tuple[int, int]] = []
@@ -682,6 +759,76 @@ class FakeNvml:
         g, now = self._check(handle, "throttle")
         return g.second(now - 1)[7]
 
+    # -- GPM: real pynvml structures; the samples are ctypes buffers the fake keeps ----------
+
+    def _gpm(self) -> None:
+        self.calls += 1
+        if not self.gpm_library:
+            raise pynvml.NVMLError_FunctionNotFound()
+
+    def _gpm_sample(self, pointer: Any) -> FakeGpmSample:
+        try:
+            sample = self.gpm_samples.get(ctypes.addressof(pointer.contents))
+        except (ValueError, TypeError, AttributeError):  # NULL, or not a sample pointer
+            sample = None
+        if sample is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return sample
+
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        self._gpm()
+        g, _ = self._check(device, "gpm")
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = 1 if g.gpm else 0
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._gpm()
+        if not self.initialised:
+            raise pynvml.NVMLError_Uninitialized()
+        buf = ctypes.create_string_buffer(16)
+        self.gpm_samples[ctypes.addressof(buf)] = FakeGpmSample(buf)
+        return ctypes.cast(buf, pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._gpm()
+        self._gpm_sample(gpmSample)
+        del self.gpm_samples[ctypes.addressof(gpmSample.contents)]
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        self._gpm()
+        g, now = self._check(device, "gpm")
+        if not g.gpm:
+            raise pynvml.NVMLError_NotSupported()
+        if any(a <= now < b for a, b in g.gpm_fail):
+            raise pynvml.NVMLError_Unknown()
+        sample = self._gpm_sample(gpmSample)
+        sample.gpu, sample.at = g, now
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        self._gpm()
+        if not self.initialised:
+            raise pynvml.NVMLError_Uninitialized()
+        req = metricsGet
+        if req.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise pynvml.NVMLError_ArgumentVersionMismatch()
+        s1, s2 = self._gpm_sample(req.sample1), self._gpm_sample(req.sample2)
+        if s1.gpu is None or s1.gpu is not s2.gpu or s2.at <= s1.at:
+            raise pynvml.NVMLError_InvalidArgument()
+        seconds = [s1.gpu.prof(t) for t in range(s1.at, s2.at)]
+        for i in range(req.numMetrics):
+            m = req.metrics[i]
+            k = _GPM_INDEX.get(int(m.metricId))
+            values = [p[k] for p in seconds] if k is not None else [None]
+            if any(v is None for v in values):
+                m.nvmlReturn, m.value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
+            else:
+                m.nvmlReturn = pynvml.NVML_SUCCESS
+                m.value = sum(v for v in values if v is not None) / len(values)
+        return req
+
 
 # ---------------------------------------------------------------------------------------------
 # Fleet spec
@@ -730,6 +877,7 @@ class GroupSpec:
     energy_reset: list[tuple[int, Any]] = field(default_factory=list)  # node, at
     unsupported: list[str] = field(default_factory=list)
     old_driver: bool = False
+    gpm: bool = False  # the group's GPUs have GPM, where their model does (Hopper)
 
 
 def _bool_nodes(v: Any) -> list[int]:
@@ -775,6 +923,8 @@ def _group(d: dict[str, Any]) -> GroupSpec:
             g.pattern = "|".join(str(x).strip() for x in v)
         elif k in ("model", "pattern", "site"):
             setattr(g, k, str(v).strip())
+        elif k == "gpm":
+            g.gpm = bool(_bool_nodes(v))
         elif k in _FAULT_KEYS:
             faults[k] = v  # fault flags may sit in the group itself or under "faults"
         elif k != "faults":
@@ -908,6 +1058,7 @@ class FakeFleet:
                             resets=resets,
                             unsupported=grp.unsupported,
                             old_driver=grp.old_driver,
+                            gpm=grp.gpm and gm.gpm,
                         )
                     )
                     ordinal += 1

@@ -12,23 +12,30 @@ NVML errors fall into three classes (plus transient ones):
   the older throttle-reasons call; energy counter → power × time);
 * the GPU is lost or needs a reset → report the other GPUs, mark that one ``lost``;
 * the driver or library is gone → drop every handle and re-initialise with backoff.
+
+The collector is the agent's NVML source (source.py): one :class:`~.source.Reading` per GPU per
+tick. On GPUs where ``nvmlGpmQueryDeviceSupport`` says so it also fills the profiling fields
+from GPM (gpm.py); where GPM is missing or fails, those fields stay ``None`` and nothing else
+changes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pynvml
 
-from .summarise import Reading
+from .gpm import METRICS, GpmApi, GpmPair
+from .source import GpuInfo, Reading, TickResult, inventory
 
 log = logging.getLogger("gpufleet.agent")
 
 
-class NvmlApi(Protocol):
+class NvmlApi(GpmApi, Protocol):
     """The subset of pynvml the agent calls (same names, arguments and return values)."""
 
     def nvmlInit(self) -> None: ...
@@ -122,6 +129,21 @@ class PynvmlApi:
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
         return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        return pynvml.nvmlGpmQueryDeviceSupport(device)
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return pynvml.nvmlGpmSampleAlloc()
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        pynvml.nvmlGpmSampleFree(gpmSample)
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        return pynvml.nvmlGpmSampleGet(device, gpmSample)
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        return pynvml.nvmlGpmMetricsGet(metricsGet)
+
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
@@ -187,18 +209,17 @@ class DriverGoneError(Exception):
 
 _NOT_FOUND = int(pynvml.NVML_ERROR_NOT_FOUND)
 
+# GPM that fails this many ticks in a row on a GPU (and was not reported unsupported) is
+# switched off there until NVML is initialised again: a minute of one line in the log is
+# enough to say it does not work, and a broken call is not worth making every second.
+GPM_GIVE_UP = 60
+
 
 @dataclass
-class Gpu:
+class Gpu(GpuInfo):
     """One GPU as the collector knows it, keyed by UUID (indices change across reboots)."""
 
-    uuid: str
-    index: int
-    name: str
-    handle: Any
-    memory_total_bytes: int | None = None
-    power_limit_w: float | None = None
-    lost: bool = False
+    handle: Any = None
     unsupported: set[str] = field(default_factory=set)
     util_ts: int = 0  # newest NVML utilisation sample timestamp seen, µs
     use_samples: bool = True
@@ -206,24 +227,8 @@ class Gpu:
     procs_v3: bool = True
     event_reasons: bool = True
     transient_errors: int = 0
-
-    def inventory(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"uuid": self.uuid, "index": self.index, "name": self.name}
-        if self.memory_total_bytes is not None:
-            d["memory_total_bytes"] = self.memory_total_bytes
-        if self.power_limit_w is not None:
-            d["power_limit_w"] = self.power_limit_w
-        if self.lost:
-            # the server sets the GPU's lost_at, and clears it when a push lists it present
-            d["status"] = "lost"
-        return d
-
-
-@dataclass
-class TickResult:
-    readings: dict[str, Reading]
-    lost: list[str]  # GPUs lost during this tick
-    down: bool  # NVML not available this tick
+    gpm: GpmPair | None = None  # None: no GPM on this GPU (or not set up yet)
+    gpm_failures: int = 0  # consecutive failed GPM ticks
 
 
 def _sample_value(vtype: int, v: Any) -> float:
@@ -246,8 +251,10 @@ class Collector:
 
     BACKOFF_MAX_S = 60.0
 
-    def __init__(self, api: NvmlApi) -> None:
+    def __init__(self, api: NvmlApi, *, clock: Callable[[], float] = time.time) -> None:
         self.api = api
+        # the agent's clock: how far apart two GPM samples were taken (gpm.MIN_GAP_S)
+        self.clock = clock
         self.gpus: dict[str, Gpu] = {}
         self.driver_version: str | None = None
         self.up = False
@@ -279,6 +286,8 @@ class Collector:
         return True
 
     def shutdown(self) -> None:
+        for g in self.gpus.values():
+            self._gpm_drop(g)
         if self.up:
             try:
                 self.api.nvmlShutdown()
@@ -342,6 +351,7 @@ class Collector:
         limit = self._try(g, "power_limit", self.api.nvmlDeviceGetEnforcedPowerLimit, g.handle)
         if limit is not None:
             g.power_limit_w = round(limit / 1000.0, 1)  # NVML reports milliwatts
+        self._gpm_start(g)
         if g.use_samples:
             # Set the sample cursor one second before the newest buffered sample: the first
             # tick then averages the last second, not the driver's whole buffer.
@@ -367,8 +377,7 @@ class Collector:
         )
 
     def inventory(self) -> list[dict[str, Any]]:
-        # called from the sender thread: take a snapshot of the values first
-        return [g.inventory() for g in sorted(list(self.gpus.values()), key=lambda g: g.index)]
+        return inventory(self.gpus.values())
 
     # -- one tick ---------------------------------------------------------------------------
 
@@ -384,6 +393,7 @@ class Collector:
                 readings[g.uuid] = self._read_gpu(g)
             except GpuLostError as e:
                 g.lost = True
+                self._gpm_drop(g)
                 lost.append(g.uuid)
                 log.error(
                     "GPU %d %s lost (%s): no more samples for it; reporting the others",
@@ -510,4 +520,87 @@ class Collector:
                     self._handle(g, "throttle", e)
         if not g.event_reasons:
             r.reasons = self._try(g, "throttle", api.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        if g.gpm is not None:
+            self._gpm_read(g, r)
         return r
+
+    # -- GPM --------------------------------------------------------------------------------
+
+    def _gpm_start(self, g: Gpu) -> None:
+        """Set GPM up on a GPU that supports it (at discovery, and after re-initialising)."""
+        if g.gpm is not None or "gpm" in g.unsupported:
+            return
+        try:
+            if not self.api.nvmlGpmQueryDeviceSupport(g.handle).isSupportedDevice:
+                self._gpm_off(g, "this GPU has no GPM (Hopper or later)")
+                return
+            g.gpm = GpmPair(self.api)
+        except (pynvml.NVMLError, _MISMATCH) as e:
+            if classify(e) in (LOST, DRIVER):
+                self._handle(g, "gpm", e)  # raises
+            self._gpm_off(g, f"GPM unavailable ({e})")
+            return
+        g.gpm_failures = 0
+        log.info("GPU %d %s: GPM on: sending SM, tensor and DRAM activity", g.index, g.uuid)
+
+    def _gpm_off(self, g: Gpu, why: str) -> None:
+        """No GPM on this GPU from now on (until NVML is initialised again, for failures)."""
+        self._gpm_drop(g)
+        g.unsupported.add("gpm")
+        log.info(
+            "GPU %d %s: %s; SM, tensor and DRAM activity are not sent for it",
+            g.index,
+            g.uuid,
+            why,
+        )
+
+    def _gpm_drop(self, g: Gpu) -> None:
+        if g.gpm is not None:
+            g.gpm.free()
+            g.gpm = None
+
+    def _gpm_read(self, g: Gpu, r: Reading) -> None:
+        """Fill ``r``'s profiling fields from GPM; leave them ``None`` where it fails."""
+        assert g.gpm is not None
+        try:
+            out = g.gpm.take(g.handle, self.clock())
+        except (pynvml.NVMLError, _MISMATCH) as e:
+            g.gpm.restart()
+            kind = classify(e)
+            if kind in (LOST, DRIVER):
+                self._handle(g, "gpm", e)  # raises
+            if kind == UNSUPPORTED:
+                self._gpm_off(g, f"GPM not supported ({e})")
+                return
+            g.gpm_failures += 1
+            g.transient_errors += 1
+            if "gpm_failed" not in g.unsupported:
+                g.unsupported.add("gpm_failed")  # say it once per GPU, not every second
+                log.warning(
+                    "GPU %d %s: GPM failed (%s); SM, tensor and DRAM activity are left out "
+                    "of the seconds it fails",
+                    g.index,
+                    g.uuid,
+                    e,
+                )
+            if g.gpm_failures >= GPM_GIVE_UP:
+                self._gpm_off(g, f"GPM failed {g.gpm_failures} seconds in a row ({e})")
+                g.unsupported.discard("gpm")  # a failure, not a fact: try again after re-init
+            return
+        g.gpm_failures = 0
+        if out is None:
+            return
+        for (metric_id, name), (value, code) in zip(METRICS, out, strict=True):
+            if value is not None:
+                setattr(r, name, value)
+            elif f"gpm:{metric_id}" not in g.unsupported:
+                g.unsupported.add(f"gpm:{metric_id}")
+                log.info(
+                    "GPU %d %s: GPM metric %d (%s) gave no value (NVML return %d); omitted "
+                    "from the seconds it gives none",
+                    g.index,
+                    g.uuid,
+                    metric_id,
+                    name.removesuffix("_pct"),
+                    code,
+                )

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
+from .source import Reading
+
 log = logging.getLogger("gpufleet.agent")
 
 THROTTLE_KEYS = ("power_cap", "thermal", "hw_slowdown", "other", "any")
+
+# The profiling fields of DESIGN §8.2, in the order of Accumulator.prof_sum.
+PROF_KEYS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active")
 
 # A stuck energy counter (DESIGN §3): over the seconds that have both a counter delta and a
 # power reading, the counter grew by less than STUCK_RATIO of what the power readings add up
@@ -53,21 +57,6 @@ REASON_HW_SLOWDOWN = _bit("HwSlowdown") | _bit("HwPowerBrakeSlowdown")
 # limit, reliability, and any bit NVIDIA adds later). The GPU-idle bit is not a throttle: the
 # clocks drop because nothing runs.
 REASON_OTHER = ~(REASON_GPU_IDLE | REASON_POWER_CAP | REASON_THERMAL | REASON_HW_SLOWDOWN)
-
-
-@dataclass(slots=True)
-class Reading:
-    """What one tick read from one GPU; ``None`` where NVML could not say."""
-
-    util: float | None = None  # % of the second with a kernel running (mean of NVML samples)
-    mem_util: float | None = None  # % of the second with device memory being read or written
-    mem_used: int | None = None  # bytes
-    procs: int | None = None  # compute processes holding the GPU
-    power_mw: int | None = None  # board power, milliwatts
-    energy_mj: int | None = None  # NVML total energy counter, mJ since the driver loaded
-    temp_c: int | None = None
-    sm_clock_mhz: int | None = None
-    reasons: int | None = None  # clocks-event (throttle) reason bitmask
 
 
 _ISO_CACHE: dict[int, str] = {}
@@ -111,6 +100,9 @@ class Accumulator:
         "clock_n",
         "thr",
         "thr_n",
+        "prof_sum",
+        "prof_cnt",
+        "prof_n",
     )
 
     def __init__(self, start: int) -> None:
@@ -138,6 +130,10 @@ class Accumulator:
         self.clock_n = 0
         self.thr = [0, 0, 0, 0, 0]  # seconds: power_cap, thermal, hw_slowdown, other, any
         self.thr_n = 0
+        # profiling (PROF_KEYS): Σ % and the seconds that carried each; seconds with any
+        self.prof_sum = [0.0, 0.0, 0.0, 0.0]
+        self.prof_cnt = [0, 0, 0, 0]
+        self.prof_n = 0
 
     def add(self, r: Reading, energy_delta_mj: int | None) -> None:
         """Add one tick. ``energy_delta_mj`` is the counter's growth over exactly this second
@@ -189,6 +185,16 @@ class Accumulator:
                 thr[3] += 1
             if bits & ~REASON_GPU_IDLE:
                 thr[4] += 1
+        carried = False
+        for i, v in enumerate(
+            (r.sm_active_pct, r.sm_occupancy_pct, r.tensor_active_pct, r.dram_active_pct)
+        ):
+            if v is not None:
+                self.prof_sum[i] += v
+                self.prof_cnt[i] += 1
+                carried = True
+        if carried:
+            self.prof_n += 1
 
 
 def energy_stuck(acc: Accumulator) -> bool:
@@ -255,6 +261,15 @@ def finalise(uuid: str, acc: Accumulator) -> dict[str, Any] | None:
             "other": t[3],
             "any": t[4],
         }
+    if acc.prof_n:
+        # DESIGN §8.2: each an interval mean in 0–1 over the seconds that carried it, and
+        # prof_s the seconds those means cover; absent (never 0) when no second carried any.
+        # The four come from one GPM call or one scrape, so they cover the same seconds
+        # unless the source failed for one field only.
+        for key, total, count in zip(PROF_KEYS, acc.prof_sum, acc.prof_cnt, strict=True):
+            if count:
+                s[key] = round(total / count / 100.0, 4)
+        s["prof_s"] = acc.prof_n
     return s
 
 
