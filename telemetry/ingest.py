@@ -25,6 +25,11 @@ from fleet.models import Gpu, Node
 from fleet.services import gpu_model_for_name
 from telemetry import ingest_store
 from telemetry.wire import (
+    REJECT_CLOCK_AHEAD,
+    REJECT_NOT_REGISTERED,
+    REJECT_OTHER_NODE,
+    REJECT_TOO_OLD,
+    REJECT_UNKNOWN_GPU,
     SHARE_SLACK_S,
     THROTTLE_KEYS,
     WORKLOAD_TEXT_MAX,
@@ -44,6 +49,7 @@ __all__ = ["IngestError", "IngestResult", "Rejected", "sample_batch_ingest", "sa
 FUTURE_TOLERANCE_S = 300
 _NO_THROTTLE: tuple[float | None, ...] = (None, None, None, None, None)
 _NOT_OWNED = "this GPU belongs to another node"
+_UNKNOWN = "unknown GPU: list it in the push's gpus block"
 
 
 @dataclass
@@ -64,7 +70,8 @@ class IngestResult:
             "accepted": self.accepted,
             "duplicates": self.duplicates,
             "rejected": [
-                {"index": r.index, "field": r.field, "error": r.error} for r in self.rejected
+                {"index": r.index, "field": r.field, "error": r.error, "code": r.code}
+                for r in self.rejected
             ],
         }
 
@@ -236,11 +243,13 @@ def samples_validate(
         assert isinstance(s, SampleIn)
         ref = gpus.get(s.gpu)
         if ref is None:
-            why = unregistered.get(s.gpu, "unknown GPU: list it in the push's gpus block")
-            rejected.append(Rejected(i, "gpu", why))
+            if s.gpu in unregistered:
+                rejected.append(Rejected(i, "gpu", unregistered[s.gpu], REJECT_NOT_REGISTERED))
+            else:
+                rejected.append(Rejected(i, "gpu", _UNKNOWN, REJECT_UNKNOWN_GPU))
             continue
         if ref.node_id != node_id:
-            rejected.append(Rejected(i, "gpu", _NOT_OWNED))
+            rejected.append(Rejected(i, "gpu", _NOT_OWNED, REJECT_OTHER_NODE))
             continue
         seconds = s.seconds
         start_f = s.start.timestamp()
@@ -262,12 +271,22 @@ def samples_validate(
             continue
         if start_ts + seconds > latest_end:
             rejected.append(
-                Rejected(i, "start", "the interval ends more than 5 minutes ahead of the server")
+                Rejected(
+                    i,
+                    "start",
+                    "the interval ends more than 5 minutes ahead of the server",
+                    REJECT_CLOCK_AHEAD,
+                )
             )
             continue
         if start_ts < earliest:
             rejected.append(
-                Rejected(i, "start", f"older than the raw retention period ({retention_days} days)")
+                Rejected(
+                    i,
+                    "start",
+                    f"older than the raw retention period ({retention_days} days)",
+                    REJECT_TOO_OLD,
+                )
             )
             continue
         mem = s.mem_used_bytes
@@ -449,7 +468,9 @@ def sample_batch_ingest(
     )
     if stored.not_owned:
         # Moved to another node between the read and the write: refused as the read would.
-        rejected += [Rejected(indices[p], "gpu", _NOT_OWNED) for p in stored.not_owned]
+        rejected += [
+            Rejected(indices[p], "gpu", _NOT_OWNED, REJECT_OTHER_NODE) for p in stored.not_owned
+        ]
         rejected.sort(key=lambda r: r.index)
     result = IngestResult(accepted=stored.accepted, duplicates=stored.duplicates, rejected=rejected)
     values = {

@@ -165,11 +165,23 @@ class IngestError(Exception):
 
 @dataclass(slots=True)
 class Rejected:
-    """One sample refused: its index in the push, the field to blame and why."""
+    """One sample refused: its index in the push, the field to blame, why, and a stable code
+    an agent can act on (docs/ingest.md, "Responses")."""
 
     index: int
     field: str
     error: str
+    code: str = "invalid"
+
+
+# The codes of a reject. Only the first two can succeed when sent again later: with the GPU
+# in the push's gpus block, and once the agent's clock no longer runs ahead.
+REJECT_UNKNOWN_GPU = "unknown_gpu"
+REJECT_CLOCK_AHEAD = "clock_ahead"
+REJECT_OTHER_NODE = "other_node"
+REJECT_NOT_REGISTERED = "not_registered"
+REJECT_TOO_OLD = "too_old"
+REJECT_INVALID = "invalid"
 
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

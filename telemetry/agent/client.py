@@ -143,10 +143,18 @@ def _rejects(answer: dict[str, Any] | None, n: int) -> dict[int, dict[str, Any]]
     return out
 
 
+# Reject codes a later push can fix (docs/ingest.md, "Responses").
+RETRYABLE_CODES = frozenset({"unknown_gpu", "clock_ahead"})
+
+
 def _retryable(reject: dict[str, Any]) -> bool:
     """A reject that a later push can fix: the GPU was unknown (every push carries the GPU
     block, so the server registers it), or the interval ends ahead of the server's clock
-    (which catches up). Matched on the server's wording (telemetry/ingest.py)."""
+    (which catches up). By the reject's ``code``; a server too old to send one is matched on
+    its wording."""
+    code = reject.get("code")
+    if isinstance(code, str):
+        return code in RETRYABLE_CODES
     name, error = str(reject.get("field", "")), str(reject.get("error", ""))
     return (name == "gpu" and error.startswith("unknown GPU")) or (
         name == "start" and "ahead of the server" in error

@@ -22,6 +22,11 @@ from fleet.services import node_token_issue, token_revoke
 from telemetry.models import RollupPending, Sample
 
 URL = "/api/v1/ingest"
+OTHER_NODE_REJECT = {
+    "field": "gpu",
+    "error": "this GPU belongs to another node",
+    "code": "other_node",
+}
 H100 = "NVIDIA H100 80GB HBM3"
 MEM = 85_899_345_920
 
@@ -259,7 +264,12 @@ def test_gpu_of_another_node_is_rejected_and_not_moved(agent: Any, base: Any) ->
     r = b.post(push([sample("GPU-o", base + dt.timedelta(minutes=1))], [gpu_block("GPU-o")]))
     assert r.status_code == 400
     assert r.json()["rejected"] == [
-        {"index": 0, "field": "gpu", "error": "this GPU belongs to another node"}
+        {
+            "index": 0,
+            "field": "gpu",
+            "error": "this GPU belongs to another node",
+            "code": "other_node",
+        }
     ]
     assert Gpu.objects.get(uuid="GPU-o").node_id == a.node.pk
     assert stored() == 1

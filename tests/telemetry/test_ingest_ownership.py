@@ -18,7 +18,14 @@ import pytest
 from fleet.models import Gpu, Node
 from telemetry import ingest
 from telemetry.models import Sample
-from tests.telemetry.test_ingest import agent, base, gpu_block, push, sample  # noqa: F401
+from tests.telemetry.test_ingest import (  # noqa: F401
+    OTHER_NODE_REJECT,
+    agent,
+    base,
+    gpu_block,
+    push,
+    sample,
+)
 
 GIB = 2**30
 # The write paths: PostgreSQL's one statement (≤ 64 rows) and its COPY path (patched bound 0);
@@ -53,7 +60,12 @@ def test_gpu_moved_to_another_node_is_rejected_at_once(agent: Any, base: Any) ->
     r = a.post(push([sample("GPU-m0", base + dt.timedelta(minutes=1))], [gpu_block("GPU-m0")]))
     assert r.status_code == 400
     assert r.json()["rejected"] == [
-        {"index": 0, "field": "gpu", "error": "this GPU belongs to another node"}
+        {
+            "index": 0,
+            "field": "gpu",
+            "error": "this GPU belongs to another node",
+            "code": "other_node",
+        }
     ]
     assert Sample.objects.filter(gpu__uuid="GPU-m0").count() == 1
     r = b.post(push([sample("GPU-m0", base + dt.timedelta(minutes=2))]))
@@ -83,8 +95,18 @@ def test_move_between_read_and_write_is_refused_by_the_write(
         "accepted": 2,
         "duplicates": 0,
         "rejected": [
-            {"index": 1, "field": "gpu", "error": "this GPU belongs to another node"},
-            {"index": 3, "field": "gpu", "error": "this GPU belongs to another node"},
+            {
+                "index": 1,
+                "field": "gpu",
+                "error": "this GPU belongs to another node",
+                "code": "other_node",
+            },
+            {
+                "index": 3,
+                "field": "gpu",
+                "error": "this GPU belongs to another node",
+                "code": "other_node",
+            },
         ],
     }
     assert Sample.objects.filter(gpu__uuid="GPU-w0").count() == 3
