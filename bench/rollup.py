@@ -9,6 +9,10 @@ One day of 1-minute samples for 1,000 GPUs (1.44 M rows, loaded with COPY) on Po
 * re-run: the same 24 hours marked again and rolled again (every row an update);
 * checksum: both result sets, every column as exact text, hashed in (gpu, hour) order, must be
   equal (the data lie on a binary grid, so every sum is exact whatever the order of addition).
+  Ids and dates are written as what does not change from run to run (the GPU's uuid, the
+  node's hostname, hours and days counted from the bench day), so the checksum of one version
+  of the code can be compared with another's on the same ``--seed``; the ``DailyUsage`` rows
+  the triggers keep are hashed too.
 
 Goals: rollup ≥ 0.7 × the reference's speed; re-run ≤ 1.5 × the first run. Ratios print last.
 
@@ -115,15 +119,38 @@ ON CONFLICT (gpu_id, hour) DO UPDATE SET
     computed_at = EXCLUDED.computed_at
 """
 
-# Every column, as exact text, hashed in key order: equal checksums ⇔ bit-identical rows.
+# Every column, as exact text, hashed in key order: equal checksums ⇔ bit-identical rows. The
+# columns are read from the catalogue, so a column added later is hashed without a change here;
+# ids that a run creates are replaced by names, hours and days by offsets from the bench day.
 CHECKSUM_SQL = """
-SELECT count(*), md5(string_agg(concat_ws(',', gpu_id, extract(epoch FROM hour)::bigint,
-    node_id, pool_id, team_id, site_id, samples, observed_s, air_s, held_s, parked_s, energy_j,
-    idle_energy_j, idle_s, power_w_mean, power_w_max, temp_c_max, util_pct_mean,
-    mem_util_pct_mean, throttle_power_cap_s, throttle_thermal_s, throttle_hw_slowdown_s,
-    throttle_other_s, throttle_any_s, sm_active_s, sm_observed_s), ';' ORDER BY gpu_id, hour))
-FROM {table} WHERE hour >= %(lo)s AND hour < %(hi)s AND gpu_id = ANY(%(gpus)s)
+SELECT count(*), md5(string_agg(concat_ws(',', {columns}), ';' ORDER BY {order}))
+FROM {table} AS t
+JOIN fleet_gpu AS g ON g.id = t.gpu_id
+JOIN fleet_node AS n ON n.id = t.node_id
+WHERE t.gpu_id = ANY(%(gpus)s)
 """
+CHECKSUM_KEYS = {
+    "gpu_id": "g.uuid",
+    "node_id": "n.hostname",
+    "hour": "extract(epoch FROM t.hour - %(lo)s)::bigint",
+    "day": "t.day - %(lo)s::date",
+}
+
+
+def checksum(cursor: Any, table: str, like: str, params: dict[str, Any]) -> tuple[int, str]:
+    """(rows, md5) of ``table``'s bench rows over every column of ``like`` but id and
+    computed_at, in the catalogue's column order."""
+    cursor.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+        "AND column_name NOT IN ('id', 'computed_at') ORDER BY ordinal_position",
+        [like],
+    )
+    names = [name for (name,) in cursor.fetchall()]
+    columns = ", ".join(CHECKSUM_KEYS.get(name, f"t.{name}") for name in names)
+    order = "g.uuid, " + ("t.hour" if "hour" in names else "t.day, n.hostname")
+    cursor.execute(CHECKSUM_SQL.format(columns=columns, order=order, table=table), params)
+    rows, digest = cursor.fetchone()
+    return int(rows), str(digest)
 
 
 def cleanup(lo: dt.datetime, hi: dt.datetime) -> None:
@@ -272,8 +299,12 @@ def main() -> None:
         sums = {}
         with connection.cursor() as cursor:
             for table in (REF_TABLE, "telemetry_hourlyusage"):
-                cursor.execute(CHECKSUM_SQL.format(table=table), {**params, "gpus": gpu_ids})
-                sums[table] = cursor.fetchone()
+                sums[table] = checksum(
+                    cursor, table, "telemetry_hourlyusage", {**params, "gpus": gpu_ids}
+                )
+            daily = checksum(
+                cursor, "telemetry_dailyusage", "telemetry_dailyusage", {**params, "gpus": gpu_ids}
+            )
     finally:
         if not args.keep:
             cleanup(lo, hi)
@@ -288,6 +319,7 @@ def main() -> None:
     same = sums[REF_TABLE] == sums["telemetry_hourlyusage"]
     print(f"checksum reference {sums[REF_TABLE][1]}  rollup {sums['telemetry_hourlyusage'][1]}")
     print(f"checksum equal: {same}")
+    print(f"daily rows: {daily[0]:,}, checksum {daily[1]}")
     speed = ref_s / first_s
     rerun_ratio = rerun_s / first_s
     print(f"ratio rollup speed / reference: {speed:.2f} (goal >= 0.70)")
