@@ -40,6 +40,7 @@ from billing import breakeven as be
 from billing import cost_model as cm
 from billing.models import CostProfile
 from fleet.models import FleetSettings, Gpu, Node, Pool, Site, Team, zone_or_utc
+from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 from telemetry.models import DailyUsage, DailyUsageState, HourlyUsage
 
 GROUP_BY = ("gpu", "node", "pool", "team", "site", "model", "fleet")
@@ -176,25 +177,6 @@ class _Segment:
     site_id: int | None
     sums: dict[str, float] = field(default_factory=dict)
     offline_h: Decimal = Decimal(0)
-
-
-_SUM_FIELDS = (
-    "samples",
-    "observed_s",
-    "air_s",
-    "held_s",
-    "parked_s",
-    "energy_j",
-    "idle_energy_j",
-    "idle_s",
-    "throttle_power_cap_s",
-    "throttle_thermal_s",
-    "throttle_hw_slowdown_s",
-    "throttle_other_s",
-    "throttle_any_s",
-    "sm_active_s",
-    "sm_observed_s",
-)
 
 
 @dataclass

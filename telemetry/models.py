@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.db import models
 from django.db.models import Value
 from django.db.models.functions import Coalesce
@@ -10,6 +12,115 @@ from fleet.models import Gpu, Node, Pool, Site, Team
 from telemetry.fields import NumberArrayField
 
 WORKLOAD_KINDS = ("slurm", "k8s", "container", "user")
+
+
+@dataclass(frozen=True)
+class RollupColumn:
+    """One value column of the hourly rollup, and how the rollup computes it from raw samples.
+
+    ``hourly`` is the hour's value: an SQL aggregate over the rollup's per-sample rows, which
+    carry the rules of DESIGN.md §3 under these names (``telemetry/sql/rollup_upsert.*.sql``,
+    the ``per`` CTE): ``d`` (seconds), ``air``, ``held``, ``idle``, ``energy``, ``has_power``,
+    ``thr_any``, and the sample's ``util_pct``, ``mem_util_pct``, ``power_w``, ``temp_c``,
+    ``sm_active``. ``sample`` is an extra per-sample value that ``hourly`` reads under the
+    column's own name: an SQL expression over the raw sample ``s`` and its GPU ``g``. Both are
+    constants written into the statement (never values), and must read the same on PostgreSQL
+    and SQLite.
+    """
+
+    name: str
+    hourly: str
+    sample: str = ""
+    help_text: str = ""
+    integer: bool = False
+
+
+# The usage sums: every figure of DESIGN.md §3 is built from these. Each is a column of
+# HourlyUsage (the hour's value, ``hourly``) and of DailyUsage (the sum of its hours), and the
+# one list that the models, the rollup's statements, the daily rebuild and trigger, and the
+# billing selectors read. To add one:
+#   1. add a RollupColumn here (its per-sample expression in ``sample`` or ``hourly``);
+#   2. ``python manage.py makemigrations telemetry`` (a field on both models), and add to that
+#      migration the trigger function ``telemetry.rollup.daily_refresh_function_sql()`` prints,
+#      as 0102_usage_sums does (the text frozen in the migration; the previous migration's
+#      text as the reverse); tests/telemetry/test_usage_sums.py fails until the two agree;
+#   3. ``python manage.py rollup --all`` after deploying fills it in for the hours that raw
+#      retention still holds (older hours keep 0).
+USAGE_SUMS: tuple[RollupColumn, ...] = (
+    RollupColumn("samples", "count(*)", integer=True),
+    RollupColumn("observed_s", "sum(d)"),
+    RollupColumn("air_s", "sum(air)"),
+    # The rest of the interval is d − air (= (1 − u) × d when active_s is not sent), so
+    # air + held + parked is exactly the observed time.
+    RollupColumn("held_s", "sum(CASE WHEN held THEN d - air ELSE 0 END)"),
+    RollupColumn("parked_s", "sum(CASE WHEN held THEN 0 ELSE d - air END)"),
+    RollupColumn("energy_j", "sum(energy)"),
+    RollupColumn(
+        "idle_energy_j",
+        "sum(CASE WHEN idle THEN energy ELSE 0 END)",
+        help_text="Energy of samples below the active threshold",
+    ),
+    RollupColumn(
+        "idle_s",
+        "sum(CASE WHEN idle THEN d ELSE 0 END)",
+        help_text="Seconds of samples below the active threshold",
+    ),
+    RollupColumn(
+        "throttle_power_cap_s",
+        "sum(throttle_power_cap_s)",
+        sample="COALESCE(s.throttle_power_cap_s, 0)",
+    ),
+    RollupColumn(
+        "throttle_thermal_s", "sum(throttle_thermal_s)", sample="COALESCE(s.throttle_thermal_s, 0)"
+    ),
+    RollupColumn(
+        "throttle_hw_slowdown_s",
+        "sum(throttle_hw_slowdown_s)",
+        sample="COALESCE(s.throttle_hw_slowdown_s, 0)",
+    ),
+    RollupColumn(
+        "throttle_other_s", "sum(throttle_other_s)", sample="COALESCE(s.throttle_other_s, 0)"
+    ),
+    RollupColumn("throttle_any_s", "sum(thr_any)"),
+    RollupColumn(
+        "sm_active_s", "COALESCE(sum(sm_active * d), 0)", help_text="Σ sm_active × seconds"
+    ),
+    RollupColumn(
+        "sm_observed_s",
+        "sum(CASE WHEN sm_active IS NOT NULL THEN d ELSE 0 END)",
+        help_text="Σ seconds of samples with sm_active",
+    ),
+)
+USAGE_SUM_COLUMNS: tuple[str, ...] = tuple(c.name for c in USAGE_SUMS)
+
+# The hourly rollup's other values: means and maxima of the hour. A day's value is not the sum
+# of its hours', so DailyUsage has none of them (the fields are declared on HourlyUsage).
+HOURLY_STATS: tuple[RollupColumn, ...] = (
+    RollupColumn(
+        "power_w_mean", "sum(energy) / NULLIF(sum(CASE WHEN has_power THEN d ELSE 0 END), 0)"
+    ),
+    RollupColumn("power_w_max", "max(power_w)"),
+    RollupColumn("temp_c_max", "max(temp_c)"),
+    RollupColumn("util_pct_mean", "sum(util_pct * d) / sum(d)"),
+    RollupColumn(
+        "mem_util_pct_mean",
+        "sum(mem_util_pct * d)"
+        " / NULLIF(sum(CASE WHEN mem_util_pct IS NOT NULL THEN d ELSE 0 END), 0)",
+    ),
+)
+
+
+class UsageSums(models.Model):
+    """The usage sums of one GPU over a period (an hour, a local day): one field per entry of
+    ``USAGE_SUMS``, made from it. Seconds and joules, not hours, so sums stay exact."""
+
+    class Meta:
+        abstract = True
+
+
+for _column in USAGE_SUMS:
+    _field = models.IntegerField if _column.integer else models.FloatField
+    UsageSums.add_to_class(_column.name, _field(default=0, help_text=_column.help_text))
 
 
 class Sample(models.Model):
@@ -89,8 +200,9 @@ class Workload(models.Model):
         return f"{self.kind} {self.key}"
 
 
-class HourlyUsage(models.Model):
-    """One GPU over one UTC hour: the sums every figure of DESIGN.md §3 is built from.
+class HourlyUsage(UsageSums):
+    """One GPU over one UTC hour: the sums every figure of DESIGN.md §3 is built from
+    (``USAGE_SUMS``), and the hour's means and maxima (``HOURLY_STATS``).
 
     ``node``/``pool``/``team``/``site`` are the GPU's attribution as it was in that hour, so
     chargeback history does not move when the GPU does. Seconds, not hours, so sums stay exact.
@@ -110,28 +222,11 @@ class HourlyUsage(models.Model):
     site = models.ForeignKey(
         Site, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
     )
-    samples = models.IntegerField(default=0)
-    observed_s = models.FloatField(default=0)
-    air_s = models.FloatField(default=0)
-    held_s = models.FloatField(default=0)
-    parked_s = models.FloatField(default=0)
-    energy_j = models.FloatField(default=0)
-    idle_energy_j = models.FloatField(
-        default=0, help_text="Energy of samples below the active threshold"
-    )
-    idle_s = models.FloatField(default=0, help_text="Seconds of samples below the active threshold")
     power_w_mean = models.FloatField(null=True)
     power_w_max = models.FloatField(null=True)
     temp_c_max = models.FloatField(null=True)
     util_pct_mean = models.FloatField(null=True)
     mem_util_pct_mean = models.FloatField(null=True)
-    throttle_power_cap_s = models.FloatField(default=0)
-    throttle_thermal_s = models.FloatField(default=0)
-    throttle_hw_slowdown_s = models.FloatField(default=0)
-    throttle_other_s = models.FloatField(default=0)
-    throttle_any_s = models.FloatField(default=0)
-    sm_active_s = models.FloatField(default=0, help_text="Σ sm_active × seconds")
-    sm_observed_s = models.FloatField(default=0, help_text="Σ seconds of samples with sm_active")
     computed_at = models.DateTimeField()
 
     class Meta:
@@ -156,7 +251,7 @@ class RollupPending(models.Model):
         return f"{self.hour:%Y-%m-%d %H}h v{self.version}"
 
 
-class DailyUsage(models.Model):
+class DailyUsage(UsageSums):
     """One GPU over one local day of the report time zone, per attribution: the sums of its
     ``HourlyUsage`` rows of that day (a day whose GPU moved has one row per attribution).
 
@@ -182,21 +277,6 @@ class DailyUsage(models.Model):
         Site, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
     )
     hours = models.IntegerField(default=0, help_text="HourlyUsage rows summed here")
-    samples = models.IntegerField(default=0)
-    observed_s = models.FloatField(default=0)
-    air_s = models.FloatField(default=0)
-    held_s = models.FloatField(default=0)
-    parked_s = models.FloatField(default=0)
-    energy_j = models.FloatField(default=0)
-    idle_energy_j = models.FloatField(default=0)
-    idle_s = models.FloatField(default=0)
-    throttle_power_cap_s = models.FloatField(default=0)
-    throttle_thermal_s = models.FloatField(default=0)
-    throttle_hw_slowdown_s = models.FloatField(default=0)
-    throttle_other_s = models.FloatField(default=0)
-    throttle_any_s = models.FloatField(default=0)
-    sm_active_s = models.FloatField(default=0)
-    sm_observed_s = models.FloatField(default=0)
 
     class Meta:
         indexes = [

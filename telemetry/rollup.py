@@ -17,6 +17,8 @@ import datetime as dt
 import json
 import logging
 import os
+import re
+import textwrap
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -30,6 +32,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from fleet.models import FleetSettings, zone_or_utc
+from telemetry.models import HOURLY_STATS, USAGE_SUMS, RollupColumn
 from telemetry.pending import hours_mark
 from telemetry.selectors import rollup_lag_seconds
 
@@ -86,8 +89,57 @@ class _Mark:
 
 @cache
 def _sql(name: str) -> str:
-    """The statement in ``telemetry/sql/<name>.sql`` (comments and all: they cost nothing)."""
-    return (SQL_DIR / f"{name}.sql").read_text()
+    """The statement in ``telemetry/sql/<name>.sql`` (comments and all: they cost nothing), its
+    column lists filled in (see :func:`_column_lists`)."""
+    return _PLACEHOLDER.sub(_column_list_fill, (SQL_DIR / f"{name}.sql").read_text())
+
+
+# A column list in a statement's template: ``{name}`` (the SQL files hold no other braces).
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+# Where generated lists wrap, like the hand-written SQL around them.
+_SQL_WIDTH = 100
+
+
+@cache
+def _column_lists() -> dict[str, tuple[list[str], str]]:
+    """The column lists the SQL templates name, made from ``USAGE_SUMS`` and ``HOURLY_STATS``
+    (telemetry.models): name → (items, separator). Names and constant SQL from code only,
+    never values, so filling them in is not building SQL from input."""
+    sums = [c.name for c in USAGE_SUMS]
+    hourly: list[RollupColumn] = [*USAGE_SUMS, *HOURLY_STATS]
+    names = [c.name for c in hourly]
+    return {
+        # The rollup: per-sample values (each with its leading comma), the hour's values, and
+        # the upsert's lists.
+        "sample_values": ([f", {c.sample} AS {c.name}" for c in USAGE_SUMS if c.sample], "\n"),
+        "hourly_values": ([f"{c.hourly} AS {c.name}" for c in hourly], ",\n"),
+        "hourly_columns": (names, ", "),
+        "agg_columns": ([f"agg.{n}" for n in names], ", "),
+        "updates": ([f"{n} = excluded.{n}" for n in names], ",\n"),
+        "stored_values": ([f"telemetry_hourlyusage.{n}" for n in names], ", "),
+        "excluded_values": ([f"excluded.{n}" for n in names], ", "),
+        # The daily table: the sums of its hourly rows.
+        "sum_columns": (sums, ", "),
+        "sums": ([f"sum({n})" for n in sums], ", "),
+    }
+
+
+def _column_list_fill(match: re.Match[str]) -> str:
+    """One ``{name}`` of a template: its list, lined up under the placeholder's column (a
+    ", " list wrapped at the width of the SQL around it, others one item per line)."""
+    items, separator = _column_lists()[match.group(1)]
+    line_start = match.string.rfind("\n", 0, match.start()) + 1
+    indent = " " * (match.start() - line_start)
+    if separator != ", ":
+        return (separator + indent).join(items)
+    wrapped = textwrap.fill(
+        ", ".join(items),
+        width=_SQL_WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+    )
+    return wrapped[len(indent) :]
 
 
 def _is_postgres() -> bool:
@@ -370,6 +422,12 @@ def daily_usage_rebuild(*, zone_name: str | None = None) -> int:
             DailyUsageState.objects.create(zone=zone, built_at=timezone.now())
             cursor.execute(_sql("daily_rebuild.postgresql"), {"zone": zone})
             return int(cursor.rowcount)
+
+
+def daily_refresh_function_sql() -> str:
+    """``CREATE OR REPLACE FUNCTION telemetry_dailyusage_refresh …`` for today's ``USAGE_SUMS``:
+    the text a migration installs, frozen in it, when the list changes (the triggers call it)."""
+    return _sql("daily_refresh.postgresql")
 
 
 def daily_usage_ensure() -> bool:

@@ -12,7 +12,7 @@
 --            throttle "any" (sent, else the largest reason). Samples outside the GPU's
 --            in-service window are stored but excluded here. A sample counts wholly in the hour
 --            of its start.
---   agg      sums per (gpu, hour): never an average of averages.
+--   agg      the values of each (gpu, hour): the usage sums, then the hour's means and maxima.
 --   stale    deletes rows of these hours that no sample counts for any more (in_service moved),
 --            so a re-roll leaves no orphan row. It sees the statement's snapshot, and never
 --            touches a row that `written` writes (those are in agg).
@@ -20,6 +20,9 @@
 --            created; on conflict it keeps what is stored, so chargeback history does not move
 --            when a GPU moves to another node, pool or team.
 --
+-- A template: the column lists in braces are filled in by telemetry.rollup from one list,
+-- telemetry.models.USAGE_SUMS and HOURLY_STATS (each column's per-sample value and aggregate),
+-- so a new column is added there, never here. Column names only, never values.
 -- Parameters: hours (UTC hour starts of the batch), lo/hi (the batch's span: lets the planner
 -- prune partitions and use the start index), contiguous (hours is every hour of [lo, hi)),
 -- active_util_pct, now. Returns (rows written, rows deleted).
@@ -51,15 +54,13 @@ WITH per AS (
         (s.procs > 0 OR (s.procs IS NULL AND g.memory_total_bytes > 0
                          AND s.mem_used_bytes >= 0.05 * g.memory_total_bytes)) IS TRUE AS held,
         s.util_pct < %(active_util_pct)s AS idle,
-        COALESCE(s.throttle_power_cap_s, 0) AS thr_power_cap,
-        COALESCE(s.throttle_thermal_s, 0) AS thr_thermal,
-        COALESCE(s.throttle_hw_slowdown_s, 0) AS thr_hw_slowdown,
-        COALESCE(s.throttle_other_s, 0) AS thr_other,
         COALESCE(
             s.throttle_any_s,
             GREATEST(COALESCE(s.throttle_power_cap_s, 0), COALESCE(s.throttle_thermal_s, 0),
                      COALESCE(s.throttle_hw_slowdown_s, 0), COALESCE(s.throttle_other_s, 0))
         ) AS thr_any
+        -- The per-sample values that USAGE_SUMS entries name, each with a leading comma.
+        {sample_values}
     FROM telemetry_sample AS s
     JOIN fleet_gpu AS g ON g.id = s.gpu_id
     WHERE s.start >= %(lo)s AND s.start < %(hi)s
@@ -74,30 +75,8 @@ agg AS MATERIALIZED (
     SELECT
         gpu_id,
         hour,
-        count(*) AS samples,
-        sum(d) AS observed_s,
-        sum(air) AS air_s,
-        -- The rest of the interval is d − air (= (1 − u) × d when active_s is not sent), so
-        -- air + held + parked is exactly the observed time.
-        sum(CASE WHEN held THEN d - air ELSE 0 END) AS held_s,
-        sum(CASE WHEN held THEN 0 ELSE d - air END) AS parked_s,
-        sum(energy) AS energy_j,
-        sum(CASE WHEN idle THEN energy ELSE 0 END) AS idle_energy_j,
-        sum(CASE WHEN idle THEN d ELSE 0 END) AS idle_s,
-        sum(energy) / NULLIF(sum(CASE WHEN has_power THEN d ELSE 0 END), 0) AS power_w_mean,
-        max(power_w) AS power_w_max,
-        max(temp_c) AS temp_c_max,
-        sum(util_pct * d) / sum(d) AS util_pct_mean,
-        sum(mem_util_pct * d)
-            / NULLIF(sum(CASE WHEN mem_util_pct IS NOT NULL THEN d ELSE 0 END), 0)
-            AS mem_util_pct_mean,
-        sum(thr_power_cap) AS throttle_power_cap_s,
-        sum(thr_thermal) AS throttle_thermal_s,
-        sum(thr_hw_slowdown) AS throttle_hw_slowdown_s,
-        sum(thr_other) AS throttle_other_s,
-        sum(thr_any) AS throttle_any_s,
-        COALESCE(sum(sm_active * d), 0) AS sm_active_s,
-        sum(CASE WHEN sm_active IS NOT NULL THEN d ELSE 0 END) AS sm_observed_s
+        -- USAGE_SUMS' sums, then HOURLY_STATS' means and maxima: never an average of averages.
+        {hourly_values}
     FROM per
     GROUP BY gpu_id, hour
 ),
@@ -110,69 +89,26 @@ stale AS (
 written AS (
     INSERT INTO telemetry_hourlyusage (
         gpu_id, hour, node_id, pool_id, team_id, site_id,
-        samples, observed_s, air_s, held_s, parked_s, energy_j, idle_energy_j, idle_s,
-        power_w_mean, power_w_max, temp_c_max, util_pct_mean, mem_util_pct_mean,
-        throttle_power_cap_s, throttle_thermal_s, throttle_hw_slowdown_s, throttle_other_s,
-        throttle_any_s, sm_active_s, sm_observed_s, computed_at
+        {hourly_columns}, computed_at
     )
     SELECT
         agg.gpu_id, agg.hour, g.node_id, n.pool_id,
         COALESCE(g.team_id, p.team_id), COALESCE(n.site_id, p.site_id),
-        agg.samples, agg.observed_s, agg.air_s, agg.held_s, agg.parked_s, agg.energy_j,
-        agg.idle_energy_j, agg.idle_s, agg.power_w_mean, agg.power_w_max, agg.temp_c_max,
-        agg.util_pct_mean, agg.mem_util_pct_mean, agg.throttle_power_cap_s,
-        agg.throttle_thermal_s, agg.throttle_hw_slowdown_s, agg.throttle_other_s,
-        agg.throttle_any_s, agg.sm_active_s, agg.sm_observed_s, %(now)s
+        {agg_columns}, %(now)s
     FROM agg
     JOIN fleet_gpu AS g ON g.id = agg.gpu_id
     JOIN fleet_node AS n ON n.id = g.node_id
     LEFT JOIN fleet_pool AS p ON p.id = n.pool_id
     ON CONFLICT (gpu_id, hour) DO UPDATE SET
-        samples = EXCLUDED.samples,
-        observed_s = EXCLUDED.observed_s,
-        air_s = EXCLUDED.air_s,
-        held_s = EXCLUDED.held_s,
-        parked_s = EXCLUDED.parked_s,
-        energy_j = EXCLUDED.energy_j,
-        idle_energy_j = EXCLUDED.idle_energy_j,
-        idle_s = EXCLUDED.idle_s,
-        power_w_mean = EXCLUDED.power_w_mean,
-        power_w_max = EXCLUDED.power_w_max,
-        temp_c_max = EXCLUDED.temp_c_max,
-        util_pct_mean = EXCLUDED.util_pct_mean,
-        mem_util_pct_mean = EXCLUDED.mem_util_pct_mean,
-        throttle_power_cap_s = EXCLUDED.throttle_power_cap_s,
-        throttle_thermal_s = EXCLUDED.throttle_thermal_s,
-        throttle_hw_slowdown_s = EXCLUDED.throttle_hw_slowdown_s,
-        throttle_other_s = EXCLUDED.throttle_other_s,
-        throttle_any_s = EXCLUDED.throttle_any_s,
-        sm_active_s = EXCLUDED.sm_active_s,
-        sm_observed_s = EXCLUDED.sm_observed_s,
-        computed_at = EXCLUDED.computed_at
+        {updates},
+        computed_at = excluded.computed_at
         -- Only rows whose numbers changed are rewritten: re-rolling an unchanged hour (a
         -- re-mark, a replayed batch, a backfill) writes no tuple, and computed_at tells
         -- when the numbers last changed.
         WHERE (
-            telemetry_hourlyusage.samples, telemetry_hourlyusage.observed_s,
-            telemetry_hourlyusage.air_s, telemetry_hourlyusage.held_s,
-            telemetry_hourlyusage.parked_s, telemetry_hourlyusage.energy_j,
-            telemetry_hourlyusage.idle_energy_j, telemetry_hourlyusage.idle_s,
-            telemetry_hourlyusage.power_w_mean, telemetry_hourlyusage.power_w_max,
-            telemetry_hourlyusage.temp_c_max, telemetry_hourlyusage.util_pct_mean,
-            telemetry_hourlyusage.mem_util_pct_mean,
-            telemetry_hourlyusage.throttle_power_cap_s,
-            telemetry_hourlyusage.throttle_thermal_s,
-            telemetry_hourlyusage.throttle_hw_slowdown_s,
-            telemetry_hourlyusage.throttle_other_s, telemetry_hourlyusage.throttle_any_s,
-            telemetry_hourlyusage.sm_active_s, telemetry_hourlyusage.sm_observed_s
+            {stored_values}
         ) IS DISTINCT FROM (
-            EXCLUDED.samples, EXCLUDED.observed_s, EXCLUDED.air_s, EXCLUDED.held_s,
-            EXCLUDED.parked_s, EXCLUDED.energy_j, EXCLUDED.idle_energy_j, EXCLUDED.idle_s,
-            EXCLUDED.power_w_mean, EXCLUDED.power_w_max, EXCLUDED.temp_c_max,
-            EXCLUDED.util_pct_mean, EXCLUDED.mem_util_pct_mean, EXCLUDED.throttle_power_cap_s,
-            EXCLUDED.throttle_thermal_s, EXCLUDED.throttle_hw_slowdown_s,
-            EXCLUDED.throttle_other_s, EXCLUDED.throttle_any_s, EXCLUDED.sm_active_s,
-            EXCLUDED.sm_observed_s
+            {excluded_values}
         )
     RETURNING 1
 )

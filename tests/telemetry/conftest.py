@@ -10,32 +10,17 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-# Columns compared between two rollups: everything but the surrogate id and computed_at.
+from telemetry.models import HOURLY_STATS, USAGE_SUM_COLUMNS
+
+# Columns compared between two rollups: everything but the keys, the surrogate id and
+# computed_at.
 ROLLUP_FIELDS = (
     "node_id",
     "pool_id",
     "team_id",
     "site_id",
-    "samples",
-    "observed_s",
-    "air_s",
-    "held_s",
-    "parked_s",
-    "energy_j",
-    "idle_energy_j",
-    "idle_s",
-    "power_w_mean",
-    "power_w_max",
-    "temp_c_max",
-    "util_pct_mean",
-    "mem_util_pct_mean",
-    "throttle_power_cap_s",
-    "throttle_thermal_s",
-    "throttle_hw_slowdown_s",
-    "throttle_other_s",
-    "throttle_any_s",
-    "sm_active_s",
-    "sm_observed_s",
+    *USAGE_SUM_COLUMNS,
+    *(c.name for c in HOURLY_STATS),
 )
 
 

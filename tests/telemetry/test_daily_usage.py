@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.db import connection
 
+from telemetry.models import USAGE_SUM_COLUMNS
 from tests.telemetry.conftest import sample, samples_ingest
 
 pytestmark = pytest.mark.skipif(
@@ -22,23 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 H = dt.timedelta(hours=1)
 M = dt.timedelta(minutes=1)
-SUMS = (
-    "samples",
-    "observed_s",
-    "air_s",
-    "held_s",
-    "parked_s",
-    "energy_j",
-    "idle_energy_j",
-    "idle_s",
-    "throttle_power_cap_s",
-    "throttle_thermal_s",
-    "throttle_hw_slowdown_s",
-    "throttle_other_s",
-    "throttle_any_s",
-    "sm_active_s",
-    "sm_observed_s",
-)
+SUMS = USAGE_SUM_COLUMNS
 KEY = ("gpu_id", "day", "node_id", "pool_id", "team_id", "site_id")
 
 
