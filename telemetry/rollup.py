@@ -16,10 +16,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import re
 import textwrap
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -51,9 +49,6 @@ BATCH_SPAN = dt.timedelta(hours=48)
 ROLLUP_LOCK_KEY = 0x677075726F6C6C
 # SQLite: the hour key of a sample or row, as Django stores datetimes there (naive UTC text).
 SQLITE_HOUR_FMT = "%Y-%m-%d %H:00:00"
-# Test-only: seconds to sleep inside each batch's transaction after its upsert, so the fault
-# tests can kill a worker mid-batch. Unset (and read as 0) everywhere else.
-TEST_SLEEP_ENV = "GPUFLEET_ROLLUP_TEST_SLEEP_S"
 
 
 @dataclass(frozen=True)
@@ -278,12 +273,6 @@ def _marks_clear(marks: Sequence[_Mark]) -> None:
             )
 
 
-def _test_sleep() -> None:
-    seconds = float(os.environ.get(TEST_SLEEP_ENV) or 0)
-    if seconds > 0:
-        time.sleep(seconds)
-
-
 def rollup_run(
     *,
     max_hours: int | None = None,
@@ -333,7 +322,6 @@ def rollup_run(
                 written, gone = _recompute(live, active_util_pct=active_util_pct)
                 rows += written
                 deleted += gone
-                _test_sleep()
             _marks_clear(marks)
         taken += len(marks)
         hours_done += len(live)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from telemetry import rollup
 from telemetry.models import HourlyUsage, RollupPending
 from telemetry.pending import hours_mark
 from telemetry.rollup import rollup_hours, rollup_run
@@ -282,12 +283,16 @@ def test_a_mark_bumped_during_the_batch_survives(
     samples_ingest([sample(gpu, t0, util=10)])
     late = [sample(gpu, t0 + M, util=90)]
 
-    def ingest_meanwhile() -> None:
-        # Ingest lands after the upsert read its samples but before the marks are cleared.
-        monkeypatch.setattr("telemetry.rollup._test_sleep", lambda: None)
-        samples_ingest(late)
+    recompute = rollup._recompute
 
-    monkeypatch.setattr("telemetry.rollup._test_sleep", ingest_meanwhile)
+    def recompute_then_ingest(hours: list[dt.datetime], **kwargs: Any) -> tuple[int, int]:
+        # Ingest lands after the upsert read its samples but before the marks are cleared.
+        result = recompute(hours, **kwargs)
+        monkeypatch.setattr(rollup, "_recompute", recompute)
+        samples_ingest(late)
+        return result
+
+    monkeypatch.setattr(rollup, "_recompute", recompute_then_ingest)
     rollup_run()
     mark = RollupPending.objects.get()  # still marked, at the new version
     assert (mark.hour, mark.version) == (t0, 2)

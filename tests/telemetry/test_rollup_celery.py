@@ -1,5 +1,10 @@
 """Faults of DESIGN.md §5 with a real Celery worker on Redis and the PostgreSQL test database:
-two rollups at once, and a worker killed mid-rollup, both end in the rows of one clean run."""
+two rollups at once, and a worker killed mid-rollup, both end in the rows of one clean run.
+
+A worker is caught inside a batch by a row lock the test holds on one of that batch's marks
+(:class:`MarkLocked`): the rollup computes the batch, then waits in its transaction where it
+clears the batch's marks. No hook in the code, and no sleep that a slow machine outruns.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -21,7 +27,7 @@ from django.db import connection
 from config.celery import worker_argv
 from telemetry.models import HourlyUsage, RollupPending
 from telemetry.pending import hours_mark
-from telemetry.rollup import BATCH_HOURS, TEST_SLEEP_ENV, rollup_run
+from telemetry.rollup import BATCH_HOURS, rollup_run
 from tests.telemetry.conftest import rollup_rows, rows_approx_equal, sample, samples_ingest
 
 # Transactional: the worker is another process, so the test's data must really be committed.
@@ -48,14 +54,12 @@ class Worker:
         *,
         pool: str = "solo",
         concurrency: int = 1,
-        sleep_s: float = 0.0,
     ) -> None:
         env = {
             **os.environ,
             "DATABASE_URL": _test_database_url(),
             "REDIS_URL": redis_url,
             "CELERY_BROKER_URL": redis_url,
-            TEST_SLEEP_ENV: str(sleep_s),
         }
         self.log = log
         self.proc = subprocess.Popen(
@@ -96,6 +100,60 @@ class Worker:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def wait_until(cond: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+class MarkLocked:
+    """A row lock on one rollup mark, held by the test's own connection until ``release``.
+
+    A rollup whose batch holds that hour computes the batch and then waits, inside the batch's
+    transaction and holding the rollup lock, for this lock where it clears the batch's marks.
+    """
+
+    def __init__(self, hour: dt.datetime) -> None:
+        self.conn = psycopg.connect(_test_database_url())
+        row = self.conn.execute(
+            "SELECT hour FROM telemetry_rolluppending WHERE hour = %s FOR UPDATE", [hour]
+        ).fetchone()
+        assert row is not None, f"no mark for {hour}"
+
+    def waiter(self) -> int:
+        """The backend (a rollup's) that waits for this lock, once one does → its pid."""
+        mine = self.conn.info.backend_pid
+
+        def blocked() -> int | None:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                    [mine],
+                )
+                row = cursor.fetchone()
+            return int(row[0]) if row else None
+
+        return int(wait_until(blocked, "a rollup to wait for the held mark"))
+
+    def release(self) -> None:
+        self.conn.rollback()
+        self.conn.close()
+
+
+def backend_gone(pid: int) -> None:
+    """Wait until that backend has ended (a killed worker's, once it finds its client gone)."""
+
+    def gone() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid])
+            return cursor.fetchone() is None
+
+    wait_until(gone, f"backend {pid} to end")
 
 
 @pytest.fixture
@@ -160,16 +218,23 @@ def test_two_rollups_at_once_end_as_one_clean_run(
     celery_queue: dict[str, Any], make_gpu: Callable[..., Any], t0: dt.datetime
 ) -> None:
     hours = _fleet_of_hours(make_gpu, t0 - 2 * 24 * H, 3 * BATCH_HOURS)
-    # Two tasks on two worker threads at the same moment; each batch sleeps 1 s inside its
-    # transaction so that they really overlap.
-    worker = celery_queue["start"](pool="threads", concurrency=2, sleep_s=1.0)
-    celery_queue["send"]()
-    celery_queue["send"]()
-    worker.wait_for(lambda: worker.output().count("rollup: ") >= 2, "both rollups", timeout=30)
+    # Two tasks on two worker threads. The first is held inside its first batch (the rollup
+    # lock taken) while the second starts.
+    held = MarkLocked(hours[0])
+    worker = celery_queue["start"](pool="threads", concurrency=2)
+    try:
+        celery_queue["send"]()
+        held.waiter()
+        celery_queue["send"]()
+        # The second finds the lock held and stands down; the first then drains the queue.
+        worker.wait_for(
+            lambda: "another rollup holds the lock" in worker.output(), "the second rollup"
+        )
+    finally:
+        held.release()
+    worker.wait_for(lambda: f"rollup: {len(hours)} hours rolled" in worker.output(), "the first")
     assert not RollupPending.objects.exists()
-    # One drained the queue; the other found the lock held and stood down.
-    assert "another rollup holds the lock" in worker.output()
-    assert f"rollup: {len(hours)} hours rolled" in worker.output()
+    assert worker.output().count("rollup: ") == 2
     worker.stop()
     after_two = rollup_rows()
     assert len(after_two) == 2 * len(hours)
@@ -180,13 +245,19 @@ def test_worker_killed_mid_rollup_then_restarted_ends_as_one_clean_run(
     celery_queue: dict[str, Any], make_gpu: Callable[..., Any], t0: dt.datetime
 ) -> None:
     hours = _fleet_of_hours(make_gpu, t0 - 2 * 24 * H, 3 * BATCH_HOURS)
-    # Each batch sleeps 2.5 s after its upsert, before its marks are cleared and it commits.
-    worker = celery_queue["start"](sleep_s=2.5)
-    celery_queue["send"]()
-    # The first batch has committed (its marks are gone); the second is inside its transaction.
-    worker.wait_for(lambda: RollupPending.objects.count() <= 2 * BATCH_HOURS, "batch 1", timeout=30)
-    time.sleep(0.3)
-    worker.kill()
+    # The second batch is held after its upsert, before its marks are cleared and it commits.
+    held = MarkLocked(hours[BATCH_HOURS])
+    worker = celery_queue["start"]()
+    try:
+        celery_queue["send"]()
+        pid = held.waiter()
+        # The first batch has committed (its marks are gone); the second is in its transaction.
+        assert RollupPending.objects.count() == 2 * BATCH_HOURS
+        worker.kill()
+    finally:
+        held.release()
+    # Its connection's backend finds the client gone once the lock is free, and rolls back.
+    backend_gone(pid)
     # What a SIGKILL leaves: batch 1 done, batch 2 rolled back with its marks, batch 3 untouched.
     assert RollupPending.objects.count() == 2 * BATCH_HOURS
     assert HourlyUsage.objects.filter(hour__gte=hours[BATCH_HOURS]).count() == 0
