@@ -14,6 +14,8 @@ fleet-wide figures, so dashboards aggregate several targets with ``max``, never 
 
 What an operator alerts on (docs/deploy.md):
 - ``gpufleet_rollup_lag_seconds`` growing: no worker or no beat is running;
+- ``gpufleet_rollups_set_aside`` > 0: an hour's rollup failed ``ROLLUP_MAX_FAILURES`` times
+  and waits for an operator (the log has the error; the admin puts it back in the queue);
 - ``rate(gpufleet_ingest_samples_rejected_total[5m])`` > 0: an agent sends bad data;
 - ``time() - gpufleet_node_last_seen_timestamp_seconds`` > a few intervals: an agent is away;
 - ``increase(gpufleet_agent_spool_dropped_samples_total[1h])`` > 0: data was lost on a node.
@@ -32,8 +34,6 @@ from typing import Any
 import django
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
-from django.db.models import Min
-from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -210,21 +210,30 @@ class FleetCollector:
             yield CounterMetricFamily(counter.metric, counter.help, value=counters[counter.name])
 
     def _rollups(self) -> Iterator[Metric]:
-        from telemetry.models import RollupPending
+        from telemetry.selectors import (
+            rollup_lag_seconds,
+            rollup_marks_queued,
+            rollup_marks_set_aside,
+        )
 
         # Rollup lag: how long the oldest hour marked out of date has waited. It grows without
         # bound when no worker (or no beat) runs, which is the failure this metric exists for.
-        oldest = RollupPending.objects.aggregate(oldest=Min("marked_at"))["oldest"]
-        lag_s = max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0
+        # Hours set aside are not waiting for a worker: they have a figure of their own.
         yield GaugeMetricFamily(
             "gpufleet_rollup_lag_seconds",
             "Age of the oldest hour waiting for its rollup (0 when every rollup is current).",
-            value=round(lag_s, 3),
+            value=round(rollup_lag_seconds(), 3),
         )
         yield GaugeMetricFamily(
             "gpufleet_rollups_pending",
             "Hourly rollups marked out of date and waiting to be recomputed.",
-            value=RollupPending.objects.count(),
+            value=rollup_marks_queued().count(),
+        )
+        yield GaugeMetricFamily(
+            "gpufleet_rollups_set_aside",
+            "Hourly rollups set aside after ROLLUP_MAX_FAILURES failed recomputes: the rollup "
+            "passes them by until an operator puts them back in the queue (admin).",
+            value=rollup_marks_set_aside().count(),
         )
 
     def _nodes(self) -> Iterator[Metric]:

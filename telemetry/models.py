@@ -241,11 +241,30 @@ class HourlyUsage(UsageSums):
 
 class RollupPending(models.Model):
     """An hour whose rollup is out of date. ``version`` grows with every mark, so a rollup
-    clears only the marks it has seen and a sample that lands mid-rollup re-marks its hour."""
+    clears only the marks it has seen and a sample that lands mid-rollup re-marks its hour.
+
+    An hour whose recompute fails for a reason that is not transient counts a failure; after
+    ``ROLLUP_MAX_FAILURES`` it is set aside: the rollup passes it by, so it no longer holds up
+    the hours after it, until an operator puts it back in the queue (admin). Marking it again
+    does not put it back: its samples still fail.
+    """
 
     hour = models.DateTimeField(primary_key=True)
     version = models.BigIntegerField(default=1)
     marked_at = models.DateTimeField(auto_now=True)
+    # Database defaults: ingest inserts marks in its own statements, naming only the columns
+    # above (telemetry.pending.MARK_INSERT).
+    failures = models.IntegerField(
+        default=0, db_default=0, help_text="Failed recomputes since it was last put in the queue"
+    )
+    last_error = models.TextField(blank=True, default="", db_default="")
+    failed_at = models.DateTimeField(null=True, blank=True)
+    set_aside_at = models.DateTimeField(
+        null=True, blank=True, help_text="Set aside after too many failures; the rollup skips it"
+    )
+
+    class Meta:
+        verbose_name = "rollup mark"
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H}h v{self.version}"

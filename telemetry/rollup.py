@@ -7,6 +7,12 @@ that is the watermark. A worker killed halfway leaves the marks of its open batc
 run redoes them; two runs at once are serialised by a lock, so either way the rows end the same
 as after one clean run.
 
+A batch whose statement fails for a reason that is not transient (bad data, not a lost
+connection or a lock timeout) is recomputed hour by hour, so the bad hour fails alone; it counts
+a failure on its mark, and after ``ROLLUP_MAX_FAILURES`` the mark is set aside (logged, shown in
+``/metrics`` and the admin, where it is put back in the queue) and no longer holds up the hours
+after it.
+
 Hours older than the raw-retention horizon are never recomputed: retention may have dropped
 their samples, and a rollup of no samples would delete history that only the rollups keep.
 """
@@ -18,14 +24,14 @@ import json
 import logging
 import re
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -33,6 +39,7 @@ from fleet.models import FleetSettings, zone_or_utc
 from telemetry.models import HOURLY_STATS, USAGE_SUMS, RollupColumn
 from telemetry.pending import hours_mark
 from telemetry.selectors import rollup_lag_seconds
+from telemetry.tasks import TRANSIENT_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,8 @@ BATCH_SPAN = dt.timedelta(hours=48)
 ROLLUP_LOCK_KEY = 0x677075726F6C6C
 # SQLite: the hour key of a sample or row, as Django stores datetimes there (naive UTC text).
 SQLITE_HOUR_FMT = "%Y-%m-%d %H:00:00"
+# What a failed hour's mark keeps of the error (the admin shows it; the log has it whole).
+ERROR_TEXT_MAX = 2000
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class RollupResult:
     skipped_hours: int = 0
     lag_s: float = 0.0
     busy: bool = False
+    failed_hours: int = 0
+    set_aside_hours: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +83,8 @@ class RollupResult:
             f"{self.deleted} rows deleted, {self.skipped_hours} hours skipped, "
             f"lag {self.lag_s:.0f} s"
         )
+        if self.failed_hours:
+            text += f", {self.failed_hours} hours failed ({self.set_aside_hours} set aside)"
         return text + (" (stopped: another rollup holds the lock)" if self.busy else "")
 
 
@@ -162,6 +175,11 @@ def _hour_floor(value: dt.datetime) -> dt.datetime:
 def _sqlite_text(value: dt.datetime) -> str:
     # The text Django's SQLite backend writes for an aware datetime with USE_TZ (naive UTC).
     return value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ")
+
+
+def _db_datetime(value: dt.datetime) -> dt.datetime | str:
+    """A datetime parameter of a hand-written statement, stored as the ORM stores it."""
+    return value if _is_postgres() else _sqlite_text(value)
 
 
 def retention_horizon(*, now: dt.datetime | None = None) -> dt.datetime:
@@ -273,6 +291,119 @@ def _marks_clear(marks: Sequence[_Mark]) -> None:
             )
 
 
+def _attempt(
+    hours: list[dt.datetime], *, active_util_pct: float
+) -> tuple[int, int] | DatabaseError:
+    """One recompute in a savepoint → (rows written, rows deleted), or the error that failed
+    it for a reason that is not transient.
+
+    The savepoint: a failed statement (which on PostgreSQL aborts the whole transaction) rolls
+    back to it, and the batch's transaction, its lock and the marks it read go on. A transient
+    error (the database went away, a lock or statement timeout) is raised as before: it says
+    nothing about the hours, and the task retries it.
+    """
+    try:
+        with transaction.atomic():
+            return _recompute(hours, active_util_pct=active_util_pct)
+    except TRANSIENT_ERRORS:
+        raise
+    except DatabaseError as exc:
+        return exc
+
+
+def _recompute_isolating(
+    marks: Sequence[_Mark], *, active_util_pct: float
+) -> tuple[int, int, list[tuple[_Mark, DatabaseError]]]:
+    """Recompute these marks' hours in one statement; where it fails, recompute them one by
+    one, so a bad hour fails alone and the others are done → (rows written, rows deleted, the
+    marks whose hour failed, each with its error)."""
+    outcome = _attempt([m.hour for m in marks], active_util_pct=active_util_pct)
+    if not isinstance(outcome, DatabaseError):
+        return outcome[0], outcome[1], []
+    if len(marks) == 1:
+        return 0, 0, [(marks[0], outcome)]
+    logger.warning(
+        "rollup: the batch of %d hours from %s failed (%s); recomputing them one by one",
+        len(marks),
+        marks[0].hour.isoformat(),
+        outcome,
+    )
+    written = deleted = 0
+    failed: list[tuple[_Mark, DatabaseError]] = []
+    for mark in marks:
+        outcome = _attempt([mark.hour], active_util_pct=active_util_pct)
+        if isinstance(outcome, DatabaseError):
+            failed.append((mark, outcome))
+        else:
+            written += outcome[0]
+            deleted += outcome[1]
+    return written, deleted, failed
+
+
+def _marks_fail(failed: Sequence[tuple[_Mark, DatabaseError]]) -> int:
+    """Count a failure on each of these marks and set aside those that reached
+    ``ROLLUP_MAX_FAILURES``, logging each with its error → how many were set aside."""
+    max_failures = settings.ROLLUP_MAX_FAILURES
+    now = _db_datetime(timezone.now())
+    set_aside = 0
+    with connection.cursor() as cursor:
+        for mark, error in failed:
+            text = f"{type(error).__name__}: {error}".strip()
+            cursor.execute(
+                _sql("rollup_marks_fail"),
+                {
+                    "hour": mark.raw_hour,
+                    "error": text[:ERROR_TEXT_MAX],
+                    "now": now,
+                    "max_failures": max_failures,
+                },
+            )
+            row = cursor.fetchone()
+            failures, aside = (int(row[0]), row[1] is not None) if row else (0, False)
+            if aside:
+                set_aside += 1
+                logger.error(
+                    "rollup: hour %s set aside after %d failures; the hours after it go on. "
+                    "Fix the cause, then put it back in the queue (admin: rollup marks). "
+                    "Last error: %s",
+                    mark.hour.isoformat(),
+                    failures,
+                    text,
+                )
+            else:
+                logger.warning(
+                    "rollup: hour %s failed (%d of %d before it is set aside): %s",
+                    mark.hour.isoformat(),
+                    failures,
+                    max_failures,
+                    text,
+                )
+    return set_aside
+
+
+def rollup_marks_requeue(*, hours: Iterable[dt.datetime]) -> int:
+    """Put these hours' marks back in the queue with no failures counted → marks put back.
+
+    For an operator, once the cause of a set-aside hour's failures is fixed (the admin's
+    action); the next rollup recomputes them.
+    """
+    wanted = sorted({_hour_floor(_as_utc(h)) for h in hours})
+    if not wanted:
+        return 0
+    with connection.cursor() as cursor:
+        if _is_postgres():
+            cursor.execute(_sql("rollup_marks_requeue.postgresql"), {"hours": wanted})
+            return int(cursor.rowcount)
+        cursor.execute(
+            _sql("rollup_marks_requeue.sqlite"),
+            {
+                "hours": json.dumps([h.strftime(SQLITE_HOUR_FMT) for h in wanted]),
+                "hour_fmt": SQLITE_HOUR_FMT,
+            },
+        )
+        return _sqlite_changes(cursor)
+
+
 def rollup_run(
     *,
     max_hours: int | None = None,
@@ -281,8 +412,11 @@ def rollup_run(
 ) -> RollupResult:
     """Bring the marked hours up to date, oldest first; at most ``max_hours`` of them.
 
-    Each batch is one transaction: take the lock, read the next marks with their versions,
-    recompute those hours in one statement, clear the marks at the versions read, commit.
+    Each batch is one transaction: take the lock, read the next marks with their versions
+    (not those set aside), recompute those hours in one statement, clear the marks at the
+    versions read, commit. Hours that fail keep their marks with a failure counted (see
+    :func:`_recompute_isolating`); the run goes on with the hours after them. A transient
+    database error is raised (the task retries it) and counts against no hour.
     ``wait=False`` (the periodic task) stops at once when another rollup holds the lock: that
     one is already draining the queue. ``on_batch(n)`` is called after each committed batch of
     n hours (the backfill's progress bar).
@@ -292,7 +426,7 @@ def rollup_run(
     # fleet file): rebuilt here when it holds another zone's days.
     daily_usage_ensure()
     horizon = retention_horizon()
-    taken = hours_done = rows = deleted = skipped = 0
+    taken = hours_done = rows = deleted = skipped = failed_hours = set_aside = 0
     busy = False
     after: Any = None
     while max_hours is None or taken < max_hours:
@@ -311,20 +445,26 @@ def rollup_run(
             marks = [m for m in marks if m.hour <= batch[-1]]
             after = marks[-1].raw_hour
             old = [m for m in marks if m.hour < horizon]
-            live = [m.hour for m in marks if m.hour >= horizon]
+            live = [m for m in marks if m.hour >= horizon]
             if old:
                 logger.warning(
                     "rollup: %d marked hours before the retention horizon %s left as they are",
                     len(old),
                     horizon.isoformat(),
                 )
+            failed: list[tuple[_Mark, DatabaseError]] = []
             if live:
-                written, gone = _recompute(live, active_util_pct=active_util_pct)
+                written, gone, failed = _recompute_isolating(live, active_util_pct=active_util_pct)
                 rows += written
                 deleted += gone
-            _marks_clear(marks)
+            # A failed hour keeps its mark, with one more failure counted on it; the cursor
+            # moves past it all the same, so this run goes on with the hours after it.
+            failed_marks = {m for m, _ in failed}
+            _marks_clear([m for m in marks if m not in failed_marks])
+            set_aside += _marks_fail(failed)
         taken += len(marks)
-        hours_done += len(live)
+        hours_done += len(live) - len(failed)
+        failed_hours += len(failed)
         skipped += len(old)
         if on_batch is not None:
             on_batch(len(marks))
@@ -335,9 +475,11 @@ def rollup_run(
         skipped_hours=skipped,
         lag_s=rollup_lag_seconds(),
         busy=busy,
+        failed_hours=failed_hours,
+        set_aside_hours=set_aside,
     )
     # Quiet when there was nothing to do: the periodic task runs every minute.
-    level = logging.INFO if (hours_done or skipped or busy) else logging.DEBUG
+    level = logging.INFO if (hours_done or skipped or busy or failed_hours) else logging.DEBUG
     logger.log(level, "%s", result)
     return result
 

@@ -33,9 +33,22 @@ def rollup_lag_seconds(*, now: dt.datetime | None = None) -> float:
     """Age in seconds of the oldest pending rollup mark; 0 when every rollup is up to date.
 
     A mark's ``marked_at`` moves on when the hour is marked again, so this is the time the
-    oldest hour has been waiting since its latest change: what a dashboard is behind by.
+    oldest hour has been waiting since its latest change: what a dashboard is behind by. Marks
+    set aside after failing are not waiting for the rollup (it passes them by): they are
+    counted on their own (:func:`rollup_marks_set_aside`).
     """
-    oldest = RollupPending.objects.aggregate(oldest=Min("marked_at"))["oldest"]
+    oldest = rollup_marks_queued().aggregate(oldest=Min("marked_at"))["oldest"]
     if oldest is None:
         return 0.0
     return max(float(((now or timezone.now()) - oldest).total_seconds()), 0.0)
+
+
+def rollup_marks_queued() -> QuerySet[RollupPending]:
+    """The marks the rollup will take: every pending hour but those set aside."""
+    return RollupPending.objects.filter(set_aside_at__isnull=True)
+
+
+def rollup_marks_set_aside() -> QuerySet[RollupPending]:
+    """The marks set aside after ``ROLLUP_MAX_FAILURES`` failed recomputes, oldest hour first:
+    the rollup passes them by until they are put back in the queue."""
+    return RollupPending.objects.filter(set_aside_at__isnull=False).order_by("hour")

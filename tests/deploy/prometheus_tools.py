@@ -124,7 +124,7 @@ def rules_file(path: Path, *, recording: list[str], alerting: list[dict[str, Any
 # --- an exposition with every family filled in ------------------------------------------------
 def exposition_filled(client: Any, now: dt.datetime) -> str:
     """/metrics after a little of everything: counters, nodes (one with a name that needs
-    escaping, one never seen), a GPU and a waiting rollup. Needs the database."""
+    escaping, one never seen), a GPU, a waiting rollup and one set aside. Needs the database."""
     from config.metrics import counters_incr
     from fleet.models import Gpu, Node
     from telemetry.models import RollupPending
@@ -146,7 +146,9 @@ def exposition_filled(client: Any, now: dt.datetime) -> str:
     )
     Node.objects.create(hostname='odd "name"\\ with\nnewline')
     Gpu.objects.create(uuid="GPU-lint", node=node)
-    RollupPending.objects.create(hour=now.replace(minute=0, second=0, microsecond=0))
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    RollupPending.objects.create(hour=hour)
+    RollupPending.objects.create(hour=hour - dt.timedelta(hours=5), failures=5, set_aside_at=now)
     response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {METRICS_TOKEN}")
     assert response.status_code == 200, response.content
     return str(response.content.decode())

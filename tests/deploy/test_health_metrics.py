@@ -189,6 +189,10 @@ def test_metrics_report_counters_lag_drops_and_last_seen(metrics_client: Any) ->
         RollupPending.objects.filter(hour=hour).update(
             marked_at=NOW - dt.timedelta(seconds=marked_s_ago)
         )
+    # An older hour set aside after failing: counted on its own, not waiting for a worker.
+    aside = NOW.replace(minute=0) - dt.timedelta(hours=9)
+    RollupPending.objects.create(hour=aside, failures=5, set_aside_at=NOW)
+    RollupPending.objects.filter(hour=aside).update(marked_at=NOW - dt.timedelta(hours=8))
 
     with time_machine.travel(NOW, tick=False):
         text = metrics_client.get("/metrics", HTTP_AUTHORIZATION="Bearer m3trics-t0ken")
@@ -199,8 +203,9 @@ def test_metrics_report_counters_lag_drops_and_last_seen(metrics_client: Any) ->
     assert samples[("gpufleet_ingest_samples_accepted_total", ())] == 120
     assert samples[("gpufleet_ingest_samples_duplicate_total", ())] == 1
     assert samples[("gpufleet_ingest_samples_rejected_total", ())] == 7
-    assert samples[("gpufleet_rollup_lag_seconds", ())] == 125.0  # the oldest mark
+    assert samples[("gpufleet_rollup_lag_seconds", ())] == 125.0  # the oldest mark in the queue
     assert samples[("gpufleet_rollups_pending", ())] == 2
+    assert samples[("gpufleet_rollups_set_aside", ())] == 1
     assert samples[("gpufleet_nodes", ())] == 2
     assert samples[("gpufleet_gpus", ())] == 1
     assert samples[("gpufleet_agent_spool_dropped_samples_total", ())] == 42
@@ -228,6 +233,7 @@ def test_metrics_rollup_lag_is_zero_when_nothing_waits(metrics_client: Any) -> N
     samples = parse_exposition(text.content.decode())
     assert samples[("gpufleet_rollup_lag_seconds", ())] == 0
     assert samples[("gpufleet_rollups_pending", ())] == 0
+    assert samples[("gpufleet_rollups_set_aside", ())] == 0
     assert samples[("gpufleet_agent_spool_dropped_samples_total", ())] == 0
 
 
