@@ -39,12 +39,15 @@ class RollupColumn:
 # HourlyUsage (the hour's value, ``hourly``) and of DailyUsage (the sum of its hours), and the
 # one list that the models, the rollup's statements, the daily rebuild and trigger, and the
 # billing selectors read. To add one:
-#   1. add a RollupColumn here (its per-sample expression in ``sample`` or ``hourly``);
-#   2. ``python manage.py makemigrations telemetry`` (a field on both models), and add to that
-#      migration the trigger function ``telemetry.rollup.daily_refresh_function_sql()`` prints,
-#      as 0102_usage_sums does (the text frozen in the migration; the previous migration's
-#      text as the reverse); tests/telemetry/test_usage_sums.py fails until the two agree;
-#   3. ``python manage.py rollup --all`` after deploying fills it in for the hours that raw
+#   1. add a RollupColumn here: its name, its hourly aggregate, and in ``sample`` its
+#      per-sample value where it reads a sample field the rules do not carry;
+#   2. ``python manage.py makemigrations telemetry -n <name>``: the field on both tables;
+#   3. in that migration, as in 0103_usage_sums: REFRESH_SQL = the text that
+#      ``python manage.py shell -v 0 -c "from telemetry.rollup import daily_refresh_function_sql as
+#      f; print(f())"`` prints (frozen there), installed by a RunPython on PostgreSQL, with the
+#      previous migration's REFRESH_SQL as the reverse; tests/telemetry/test_usage_sums.py
+#      fails until the database's trigger function is the generated one;
+#   4. after deploying, ``python manage.py rollup --all`` fills it in for the hours raw
 #      retention still holds (older hours keep 0).
 USAGE_SUMS: tuple[RollupColumn, ...] = (
     RollupColumn("samples", "count(*)", integer=True),

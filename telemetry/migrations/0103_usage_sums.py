@@ -21,7 +21,7 @@ REFRESH_SQL = """
 --
 -- A template: the lists in braces are telemetry.models.USAGE_SUMS and their sums over the
 -- hours (telemetry.rollup.daily_refresh_function_sql()). The function is installed by migrations
--- only, each with its text frozen (0102_usage_sums, then one per change of USAGE_SUMS), so that
+-- only, each with its text frozen (0103_usage_sums, then one per change of USAGE_SUMS), so that
 -- replaying the migrations on a fresh database always installs what they installed then;
 -- tests/telemetry/test_usage_sums.py checks that the installed text is this one.
 --
@@ -74,7 +74,8 @@ def _refresh_install(apps, schema_editor):
 
 
 def _refresh_restore(apps, schema_editor):
-    """Back to 0101's function (its DDL is idempotent: CREATE OR REPLACE, triggers re-made)."""
+    """Back to 0101's function (its DDL is idempotent: CREATE OR REPLACE, triggers re-made).
+    A later migration's reverse installs this one's REFRESH_SQL the same way."""
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(import_module("telemetry.migrations.0101_dailyusage").TRIGGERS_SQL)
 

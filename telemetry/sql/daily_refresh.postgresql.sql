@@ -5,7 +5,7 @@
 --
 -- A template: the lists in braces are telemetry.models.USAGE_SUMS and their sums over the
 -- hours (telemetry.rollup.daily_refresh_function_sql()). The function is installed by migrations
--- only, each with its text frozen (0102_usage_sums, then one per change of USAGE_SUMS), so that
+-- only, each with its text frozen (0103_usage_sums, then one per change of USAGE_SUMS), so that
 -- replaying the migrations on a fresh database always installs what they installed then;
 -- tests/telemetry/test_usage_sums.py checks that the installed text is this one.
 --
