@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import connection
 from django.utils import timezone
@@ -23,10 +24,12 @@ def hours_mark(hours: Iterable[dt.datetime]) -> None:
     unique = sorted({h for h in hours})
     if not unique:
         return
-    now = timezone.now()
-    params: list[dt.datetime | int] = []
+    # As Django stores datetimes (naive UTC text on SQLite), so that lookups by hour match.
+    adapt = connection.ops.adapt_datetimefield_value
+    now = adapt(timezone.now())
+    params: list[Any] = []
     for hour in unique:
-        params += [hour, now]
+        params += [adapt(hour), now]
     placeholders = ", ".join(["(%s, 1, %s)"] * len(unique))
     with connection.cursor() as cursor:
         # One upsert for the whole batch.

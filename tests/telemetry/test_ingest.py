@@ -165,6 +165,7 @@ def test_push_stores_samples_registers_gpus_and_node_metadata(agent: Any, base: 
     assert node.last_seen_at is not None
     assert node.spool_dropped_total == 4
     assert set(RollupPending.objects.values_list("hour", flat=True)) == {base}
+    assert RollupPending.objects.filter(hour=base).exists()  # stored as Django stores it
 
 
 @pytest.mark.smoke
