@@ -35,6 +35,14 @@ class RollupColumn:
     integer: bool = False
 
 
+# held seconds of a sample with workloads: their shares beyond the air time, within its non-air
+# time (the same text in both dialects: GREATEST/LEAST are PostgreSQL's, max/min SQLite's,
+# hence plain CASE).
+_WORKLOAD_HELD = (
+    "(CASE WHEN share - air <= 0 THEN 0 WHEN share - air >= d - air THEN d - air"
+    " ELSE share - air END)"
+)
+
 # The usage sums: every figure of DESIGN.md §3 is built from these. Each is a column of
 # HourlyUsage (the hour's value, ``hourly``) and of DailyUsage (the sum of its hours), and the
 # one list that the models, the rollup's statements, the daily rebuild and trigger, and the
@@ -54,9 +62,22 @@ USAGE_SUMS: tuple[RollupColumn, ...] = (
     RollupColumn("observed_s", "sum(d)"),
     RollupColumn("air_s", "sum(air)"),
     # The rest of the interval is d − air (= (1 − u) × d when active_s is not sent), so
-    # air + held + parked is exactly the observed time.
-    RollupColumn("held_s", "sum(CASE WHEN held THEN d - air ELSE 0 END)"),
-    RollupColumn("parked_s", "sum(CASE WHEN held THEN 0 ELSE d - air END)"),
+    # air + held + parked is exactly the observed time. With workloads (``share``: their
+    # Σ share_s), held = clamp(share − air, 0, d − air); without, all or nothing by procs or
+    # memory (``held``). Written out per case, so a sample without workloads adds exactly what
+    # it always added.
+    RollupColumn(
+        "held_s",
+        "sum(CASE WHEN share IS NOT NULL THEN "
+        + _WORKLOAD_HELD
+        + " WHEN held THEN d - air ELSE 0 END)",
+    ),
+    RollupColumn(
+        "parked_s",
+        "sum(CASE WHEN share IS NOT NULL THEN d - air - "
+        + _WORKLOAD_HELD
+        + " WHEN held THEN 0 ELSE d - air END)",
+    ),
     RollupColumn("energy_j", "sum(energy)"),
     RollupColumn(
         "idle_energy_j",
@@ -85,13 +106,42 @@ USAGE_SUMS: tuple[RollupColumn, ...] = (
         "throttle_other_s", "sum(throttle_other_s)", sample="COALESCE(s.throttle_other_s, 0)"
     ),
     RollupColumn("throttle_any_s", "sum(thr_any)"),
+    # Profiling (docs/metrics.md, "Work"): means over p = prof_s (else the interval's seconds).
     RollupColumn(
-        "sm_active_s", "COALESCE(sum(sm_active * d), 0)", help_text="Σ sm_active × seconds"
+        "sm_active_s",
+        "COALESCE(sum(sm_active * p), 0)",
+        help_text="Σ sm_active × prof_s: work seconds",
     ),
     RollupColumn(
         "sm_observed_s",
-        "sum(CASE WHEN sm_active IS NOT NULL THEN d ELSE 0 END)",
-        help_text="Σ seconds of samples with sm_active",
+        "sum(CASE WHEN sm_active IS NOT NULL THEN p ELSE 0 END)",
+        help_text="Σ prof_s of samples with sm_active",
+    ),
+    RollupColumn(
+        "sm_air_s",
+        "sum(CASE WHEN sm_active IS NOT NULL THEN air ELSE 0 END)",
+        help_text="Σ air seconds of samples with sm_active (busy but not working = this − work)",
+    ),
+    RollupColumn(
+        "tensor_active_s",
+        "COALESCE(sum(tensor_active * p), 0)",
+        help_text="Σ tensor_active × prof_s",
+    ),
+    RollupColumn(
+        "tensor_observed_s",
+        "sum(CASE WHEN tensor_active IS NOT NULL THEN p ELSE 0 END)",
+        help_text="Σ prof_s of samples with tensor_active",
+    ),
+    RollupColumn(
+        "sm_hours",
+        "CASE WHEN count(sm_active) > 0 THEN 1 ELSE 0 END",
+        help_text="Hours with sm_active data (1 per hourly row that has any)",
+        integer=True,
+    ),
+    RollupColumn(
+        "sm_hours_energy_j",
+        "CASE WHEN count(sm_active) > 0 THEN sum(energy) ELSE 0 END",
+        help_text="Energy of the hours with sm_active data (cost per work hour)",
     ),
 )
 USAGE_SUM_COLUMNS: tuple[str, ...] = tuple(c.name for c in USAGE_SUMS)
@@ -109,6 +159,16 @@ HOURLY_STATS: tuple[RollupColumn, ...] = (
         "mem_util_pct_mean",
         "sum(mem_util_pct * d)"
         " / NULLIF(sum(CASE WHEN mem_util_pct IS NOT NULL THEN d ELSE 0 END), 0)",
+    ),
+    RollupColumn(
+        "sm_occupancy_mean",
+        "sum(sm_occupancy * p)"
+        " / NULLIF(sum(CASE WHEN sm_occupancy IS NOT NULL THEN p ELSE 0 END), 0)",
+    ),
+    RollupColumn(
+        "dram_active_mean",
+        "sum(dram_active * p)"
+        " / NULLIF(sum(CASE WHEN dram_active IS NOT NULL THEN p ELSE 0 END), 0)",
     ),
 )
 
@@ -230,6 +290,8 @@ class HourlyUsage(UsageSums):
     temp_c_max = models.FloatField(null=True)
     util_pct_mean = models.FloatField(null=True)
     mem_util_pct_mean = models.FloatField(null=True)
+    sm_occupancy_mean = models.FloatField(null=True, help_text="Mean over prof_s, 0–1")
+    dram_active_mean = models.FloatField(null=True, help_text="Mean over prof_s, 0–1")
     computed_at = models.DateTimeField()
 
     class Meta:
@@ -240,6 +302,46 @@ class HourlyUsage(UsageSums):
 
     def __str__(self) -> str:
         return f"gpu {self.gpu_id} @ {self.hour:%Y-%m-%d %H}h"
+
+
+class WorkloadHourlyUsage(models.Model):
+    """One workload on one GPU over one UTC hour: the sums its figures are built from (docs/
+    metrics.md, "Workloads"). ``gpu_s`` is Σ share_s, ``air_s`` Σ air_s and ``energy_j`` Σ the
+    sample's energy × share_s / seconds. ``node``/``pool``/``team``/``site`` are the GPU's
+    attribution in that hour, as its HourlyUsage row holds it. Kept by the same rollup run as
+    HourlyUsage (telemetry/sql/rollup_workloads.*.sql). Seconds and joules only: no money."""
+
+    workload = models.ForeignKey(Workload, on_delete=models.DO_NOTHING, db_constraint=False)
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
+    hour = models.DateTimeField()
+    node = models.ForeignKey(
+        Node, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    pool = models.ForeignKey(
+        Pool, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    team = models.ForeignKey(
+        Team, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    site = models.ForeignKey(
+        Site, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    samples = models.IntegerField(default=0)
+    gpu_s = models.FloatField(default=0, help_text="Σ share_s: the workload's GPU seconds")
+    air_s = models.FloatField(default=0, help_text="Σ air_s")
+    energy_j = models.FloatField(default=0, help_text="Σ energy × share_s / seconds")
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workload", "gpu", "hour"], name="telemetry_workload_gpu_hour"
+            )
+        ]
+        indexes = [models.Index(fields=["hour"], name="telemetry_workload_hour")]
+
+    def __str__(self) -> str:
+        return f"workload {self.workload_id} on gpu {self.gpu_id} @ {self.hour:%Y-%m-%d %H}h"
 
 
 class RollupPending(models.Model):

@@ -241,23 +241,30 @@ def _recompute(batch: list[dt.datetime], *, active_util_pct: float) -> tuple[int
             )
             row = cursor.fetchone()
             assert row is not None
+            # The workloads' rows after the GPUs': they take the GPU-hour's attribution.
+            cursor.execute(
+                _sql("rollup_workloads.postgresql"),
+                {"hours": batch, "lo": lo, "hi": hi, "contiguous": contiguous, "now": now},
+            )
             return int(row[0]), int(row[1])
         hours_json = json.dumps([_sqlite_text(h) for h in batch])
         cursor.execute(_sql("rollup_stale_delete.sqlite"), {"hours": hours_json})
         deleted = _sqlite_changes(cursor)
-        cursor.execute(
-            _sql("rollup_upsert.sqlite"),
-            {
-                "hours": hours_json,
-                "lo": _sqlite_text(lo),
-                "hi": _sqlite_text(hi),
-                "contiguous": contiguous,
-                "hour_fmt": SQLITE_HOUR_FMT,
-                "active_util_pct": active_util_pct,
-                "now": _sqlite_text(now),
-            },
-        )
-        return _sqlite_changes(cursor), deleted
+        params: dict[str, Any] = {
+            "hours": hours_json,
+            "lo": _sqlite_text(lo),
+            "hi": _sqlite_text(hi),
+            "contiguous": contiguous,
+            "hour_fmt": SQLITE_HOUR_FMT,
+            "active_util_pct": active_util_pct,
+            "now": _sqlite_text(now),
+        }
+        cursor.execute(_sql("rollup_upsert.sqlite"), params)
+        written = _sqlite_changes(cursor)
+        cursor.execute(_sql("rollup_workloads_stale.sqlite"), {"hours": hours_json})
+        cursor.execute(_sql("rollup_workloads.sqlite"), params)
+        cursor.execute(_sql("rollup_workloads_seen.sqlite"), params)
+        return written, deleted
 
 
 def _sqlite_changes(cursor: Any) -> int:

@@ -5,9 +5,10 @@
 -- several times faster than any loop, and rewriting an hour from all of its samples makes the
 -- rollup idempotent: a re-run, a duplicate or a late sample ends in the same row.
 --
---   per      one row per counting sample with the per-sample rules of DESIGN.md §3 applied:
---            air (active_s if sent, else u × d), held vs parked (procs > 0, or procs unknown and
---            memory used ≥ 5 pct of the GPU's total; both unknown → parked), energy fallback
+--   per      one row per counting sample with the per-sample rules of docs/metrics.md applied:
+--            air (active_s if sent, else u × d), held vs parked (with workloads: their shares
+--            beyond the air time, clamped to the non-air time; without: procs > 0, or procs
+--            unknown and memory used ≥ 5 pct of the GPU's total; both unknown → parked), energy fallback
 --            (energy_j, else power_w × d, else 0), idle (util below the active threshold),
 --            throttle "any" (sent, else the largest reason). Samples outside the GPU's
 --            in-service window are stored but excluded here. A sample counts wholly in the hour
@@ -40,6 +41,14 @@ WITH per AS (
         s.power_w,
         s.temp_c,
         s.sm_active,
+        s.sm_occupancy,
+        s.tensor_active,
+        s.dram_active,
+        -- The seconds the profiling means cover: prof_s where sent, else the whole interval.
+        COALESCE(s.prof_s, CAST(s.seconds AS float8)) AS p,
+        -- Σ share_s of the workloads that held the GPU; NULL when the sample names none (then
+        -- held and parked follow procs and memory), 0 for an empty list.
+        CASE WHEN s.workload_share_s IS NOT NULL THEN COALESCE((SELECT sum(x) FROM unnest(s.workload_share_s) AS x), 0) END AS share,
         COALESCE(
             s.active_s,
             CASE WHEN s.util_pct < 1e-300 THEN 0 ELSE s.util_pct / 100.0 * s.seconds END

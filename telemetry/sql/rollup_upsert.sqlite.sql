@@ -26,6 +26,14 @@ WITH per AS (
         s.power_w,
         s.temp_c,
         s.sm_active,
+        s.sm_occupancy,
+        s.tensor_active,
+        s.dram_active,
+        -- The seconds the profiling means cover: prof_s where sent, else the whole interval.
+        COALESCE(s.prof_s, CAST(s.seconds AS REAL)) AS p,
+        -- Σ share_s of the workloads that held the GPU; NULL when the sample names none (then
+        -- held and parked follow procs and memory), 0 for an empty list.
+        CASE WHEN s.workload_share_s IS NOT NULL THEN COALESCE((SELECT sum(value) FROM json_each(s.workload_share_s)), 0) END AS share,
         COALESCE(
             s.active_s,
             CASE WHEN s.util_pct < 1e-300 THEN 0 ELSE s.util_pct / 100.0 * s.seconds END
