@@ -186,6 +186,28 @@ for _column in USAGE_SUMS:
     UsageSums.add_to_class(_column.name, _field(default=0, help_text=_column.help_text))
 
 
+class Attribution(models.Model):
+    """Where a GPU belonged in the period of a row (its node, pool, team, site then), so
+    chargeback history does not move when the GPU does. No database FKs: the rollups are
+    written in bulk by SQL, and inventory rows are never deleted while history points at them."""
+
+    node = models.ForeignKey(
+        Node, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    pool = models.ForeignKey(
+        Pool, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    team = models.ForeignKey(
+        Team, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    site = models.ForeignKey(
+        Site, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+
+    class Meta:
+        abstract = True
+
+
 class Sample(models.Model):
     """What one agent reported for one GPU over ``[start, start + seconds)`` (DESIGN.md §4).
 
@@ -263,7 +285,7 @@ class Workload(models.Model):
         return f"{self.kind} {self.key}"
 
 
-class HourlyUsage(UsageSums):
+class HourlyUsage(UsageSums, Attribution):
     """One GPU over one UTC hour: the sums every figure of DESIGN.md §3 is built from
     (``USAGE_SUMS``), and the hour's means and maxima (``HOURLY_STATS``).
 
@@ -273,18 +295,6 @@ class HourlyUsage(UsageSums):
 
     gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
     hour = models.DateTimeField()
-    node = models.ForeignKey(
-        Node, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    pool = models.ForeignKey(
-        Pool, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    team = models.ForeignKey(
-        Team, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    site = models.ForeignKey(
-        Site, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
     power_w_mean = models.FloatField(null=True)
     power_w_max = models.FloatField(null=True)
     temp_c_max = models.FloatField(null=True)
@@ -304,7 +314,7 @@ class HourlyUsage(UsageSums):
         return f"gpu {self.gpu_id} @ {self.hour:%Y-%m-%d %H}h"
 
 
-class WorkloadHourlyUsage(models.Model):
+class WorkloadHourlyUsage(Attribution):
     """One workload on one GPU over one UTC hour: the sums its figures are built from (docs/
     metrics.md, "Workloads"). ``gpu_s`` is Σ share_s, ``air_s`` Σ air_s and ``energy_j`` Σ the
     sample's energy × share_s / seconds. ``node``/``pool``/``team``/``site`` are the GPU's
@@ -314,18 +324,6 @@ class WorkloadHourlyUsage(models.Model):
     workload = models.ForeignKey(Workload, on_delete=models.DO_NOTHING, db_constraint=False)
     gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
     hour = models.DateTimeField()
-    node = models.ForeignKey(
-        Node, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    pool = models.ForeignKey(
-        Pool, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    team = models.ForeignKey(
-        Team, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    site = models.ForeignKey(
-        Site, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
     samples = models.IntegerField(default=0)
     gpu_s = models.FloatField(default=0, help_text="Σ share_s: the workload's GPU seconds")
     air_s = models.FloatField(default=0, help_text="Σ air_s")
@@ -375,7 +373,7 @@ class RollupPending(models.Model):
         return f"{self.hour:%Y-%m-%d %H}h v{self.version}"
 
 
-class DailyUsage(UsageSums):
+class DailyUsage(UsageSums, Attribution):
     """One GPU over one local day of the report time zone, per attribution: the sums of its
     ``HourlyUsage`` rows of that day (a day whose GPU moved has one row per attribution).
 
@@ -388,18 +386,6 @@ class DailyUsage(UsageSums):
 
     gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
     day = models.DateField()
-    node = models.ForeignKey(
-        Node, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    pool = models.ForeignKey(
-        Pool, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    team = models.ForeignKey(
-        Team, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    site = models.ForeignKey(
-        Site, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
     hours = models.IntegerField(default=0, help_text="HourlyUsage rows summed here")
 
     class Meta:
