@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+from tests.e2e.conftest import screenshot_path
 
-SCREENSHOTS = Path(__file__).resolve().parent.parent.parent / "docs" / "screenshots"
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def _login(page: Any, base: str, username: str, password: str) -> None:
@@ -41,8 +40,8 @@ def _kpi(page: Any, ident: str) -> str:
 
 
 def _shot(page: Any, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    """One of the README's screenshots (docs/screenshots/ only when asked: conftest)."""
+    page.screenshot(path=str(screenshot_path(name, readme=True)), full_page=True)
 
 
 def test_finance_journey_through_every_page(live_server: Any, page: Any) -> None:
