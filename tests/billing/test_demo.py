@@ -141,3 +141,37 @@ def test_live_agents_post_to_the_served_ingest_endpoint(live_server: Any) -> Non
     agents.join(timeout=30)
     assert Sample.objects.count() >= 6 * 3  # 3 whole minutes × 6 GPUs at least
     assert Node.objects.filter(last_seen_at__isnull=False).count() == len(fleet.nodes)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_demo_sets_site_url_to_the_url_it_serves_on(
+    settings: Any, monkeypatch: Any, free_tcp_port: int
+) -> None:
+    """Links in the weekly email and its preview point at the demo's own server."""
+    import urllib.request
+
+    from billing.management.commands.demo import Command, _floor
+    from telemetry.agent.fake import FakeFleet
+
+    monkeypatch.delenv("SITE_URL", raising=False)
+    settings.SITE_URL = "http://localhost:8000"
+    command = Command(stdout=io.StringIO(), stderr=io.StringIO())
+    now = _floor(timezone.now(), 60)
+    opts = {"host": "127.0.0.1", "port": free_tcp_port, "verbosity": 0, "live_interval": 60}
+    serving = threading.Thread(
+        target=command._serve,
+        args=(FakeFleet("nodes=1,gpus=1", epoch=now), {}, now, opts, time.monotonic()),
+        daemon=True,
+    )
+    serving.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "Dashboard:" not in command.stdout._out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert settings.SITE_URL == f"http://localhost:{free_tcp_port}"
+        with urllib.request.urlopen(f"{settings.SITE_URL}/healthz", timeout=10) as answer:
+            assert answer.status == 200
+    finally:
+        command.stop.set()
+        serving.join(timeout=30)
+    assert not serving.is_alive()

@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -74,6 +75,10 @@ class Command(BaseCommand):
     )
     # --fresh deletes the database file before anything touches it.
     requires_system_checks: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop = threading.Event()  # set: stop serving (what Ctrl-C does; the tests use it)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -289,6 +294,9 @@ class Command(BaseCommand):
         from telemetry.rollup import rollup_run
 
         total = RollupPending.objects.count()
+        if not total:  # nothing marked: no bar stuck at "0h"
+            self._say(f"rolled up: {rollup_run(wait=True)}")
+            return
         with (
             tqdm(total=total, unit="h", desc="rollup", file=sys.stderr) as bar,
             _logs_above(sys.stderr),
@@ -347,7 +355,11 @@ class Command(BaseCommand):
         server.daemon_threads = True
         host = "localhost" if opts["host"] in ("127.0.0.1", "::1", "localhost") else opts["host"]
         url = f"http://{host}:{port}/"
-        stop = threading.Event()
+        if "SITE_URL" not in os.environ:
+            # Links in emails and the report preview point at this server, not at the
+            # default port 8000 (SITE_URL set in the environment wins: a proxy in front).
+            settings.SITE_URL = url.rstrip("/")
+        stop = self.stop
         threads = [
             threading.Thread(
                 target=_live_agents,
@@ -375,8 +387,8 @@ class Command(BaseCommand):
         self._say(f"Dashboard: {url}")
         self._logins()
         try:
-            while serving.is_alive():
-                serving.join(timeout=1)
+            while serving.is_alive() and not stop.wait(timeout=1):
+                pass
         except KeyboardInterrupt:
             pass
         finally:
