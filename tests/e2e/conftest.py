@@ -125,9 +125,9 @@ def problems() -> PageProblems:
     return PageProblems()
 
 
-@pytest.fixture
-def page(page: Any, problems: PageProblems) -> Iterator[Any]:
-    """pytest-playwright's page, watched: console errors, page errors, foreign requests."""
+def watch(page: Any, problems: PageProblems) -> Any:
+    """Record on ``problems`` what goes wrong on ``page``; refuse requests that leave
+    localhost."""
     page.set_default_timeout(20_000)
     page.set_default_navigation_timeout(30_000)
 
@@ -144,5 +144,30 @@ def page(page: Any, problems: PageProblems) -> Iterator[Any]:
         "console", lambda m: problems.console_errors.append(m.text) if m.type == "error" else None
     )
     page.on("pageerror", lambda e: problems.page_errors.append(str(e)))
-    yield page
+    return page
+
+
+@pytest.fixture
+def page(page: Any, problems: PageProblems) -> Iterator[Any]:
+    """pytest-playwright's page, watched: console errors, page errors, foreign requests."""
+    yield watch(page, problems)
+    problems.assert_clean()
+
+
+@pytest.fixture
+def open_page(browser: Any, problems: PageProblems) -> Iterator[Any]:
+    """``open_page(width, scheme)``: a new watched page in its own browser context, that
+    wide (900 px high) and with ``prefers-color-scheme`` set to ``"light"`` or ``"dark"``."""
+    contexts: list[Any] = []
+
+    def make(width: int, scheme: str) -> Any:
+        context = browser.new_context(
+            viewport={"width": width, "height": 900}, device_scale_factor=1, color_scheme=scheme
+        )
+        contexts.append(context)
+        return watch(context.new_page(), problems)
+
+    yield make
+    for context in contexts:
+        context.close()
     problems.assert_clean()
