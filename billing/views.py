@@ -497,19 +497,34 @@ def heatmap(request: HttpRequest) -> HttpResponse:
     )
 
 
+# A GPU-day drawn as offline has more offline hours than half its capacity; a GPU with less
+# than this over the whole range cannot have one worth drawing (only a day with under two
+# hours in service, the first hour of today, could), so its days are not computed.
+OFFLINE_CANDIDATE_HOURS = 1.0
+
+
 def _offline_by_day(
     flt: DashboardFilters, shown: list[str], days: list[dt.date]
 ) -> tuple[dict[str, list[float | None]], dict[str, list[float | None]]]:
-    """Offline and capacity hours of each GPU drawn, per day: the same rows as the fleet
-    board's (``cost_rows``), for one page of GPUs only."""
+    """Offline and capacity hours of each GPU drawn, per day: the rows of the fleet board
+    (``cost_rows``), for the GPUs of this page that were offline at all. The range's totals
+    first (one row per GPU), then the days of those GPUs only: the days of every GPU drawn
+    cost the heatmap four times its time (bench/dashboard.py), for a few offline GPUs."""
     if not shown:
+        return {}, {}
+    page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))
+    totals = selectors.cost_rows(
+        start=flt.start, end=flt.end_exclusive, group_by="gpu", period="all", filters=page_only
+    )
+    offline_gpus = tuple(r.key for r in totals if r.offline_hours >= OFFLINE_CANDIDATE_HOURS)
+    if not offline_gpus:
         return {}, {}
     rows = selectors.cost_rows(
         start=flt.start,
         end=flt.end_exclusive,
         group_by="gpu",
         period="day",
-        filters=dataclasses.replace(flt.filters, gpus=tuple(shown)),
+        filters=dataclasses.replace(flt.filters, gpus=offline_gpus),
     )
     index = {d: i for i, d in enumerate(days)}
     offline: dict[str, list[float | None]] = {}

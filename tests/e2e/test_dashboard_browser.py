@@ -44,7 +44,7 @@ def _shot(page: Any, name: str) -> None:
     page.screenshot(path=str(screenshot_path(name, readme=True)), full_page=True)
 
 
-def test_finance_journey_through_every_page(live_server: Any, page: Any) -> None:
+def test_finance_journey_through_every_page(live_server: Any, page: Any, open_page: Any) -> None:
     # The demo's own data path, small: fake fleet → ingest service → rollup.
     call_command("demo", no_serve=True, gpus=24, days=14, verbosity=0)
     base = live_server.url
@@ -99,6 +99,13 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any) -> None
     _charts_drawn(page)
     assert _kpi(page, "kpi-ustar") != u_star
     _shot(page, "breakeven")
+
+    # The overview on a phone with the system in dark mode (the README shows its first screen).
+    phone = open_page(390, "dark")
+    _login(phone, base, "finance", "finance")
+    phone.goto(f"{base}/?from={today - dt.timedelta(days=13)}&to={today}")
+    _charts_drawn(phone)
+    phone.screenshot(path=str(screenshot_path("overview-phone-dark", readme=True)))
 
 
 def test_viewer_sees_utilisation_but_no_money(
