@@ -4,6 +4,8 @@
 Needs only Python 3.11+. Each creates or reuses ``.venv``, installs the project when its
 dependencies changed, then runs. ``test`` points the suite at the local PostgreSQL and Redis
 unless ``DATABASE_URL`` / ``REDIS_URL`` are set, then runs a smoke set on embedded SQLite.
+``test --screenshots`` also rewrites the README's screenshots (docs/screenshots/); without it
+the browser tests write theirs to var/screenshots/ and leave the tree clean.
 """
 
 from __future__ import annotations
@@ -99,10 +101,20 @@ def cmd_demo(args: list[str]) -> None:
     run(PY, "manage.py", "demo", *args, env=env)
 
 
+def screenshots_flag(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``--screenshots`` (ours, not pytest's): the browser tests rewrite the README's
+    screenshots in docs/screenshots/; without it they write to var/screenshots/ only, so a
+    test run leaves the tree clean. Returns pytest's arguments and the environment to add."""
+    if "--screenshots" not in args:
+        return args, {}
+    return [a for a in args if a != "--screenshots"], {"GPUFLEET_UPDATE_SCREENSHOTS": "1"}
+
+
 def cmd_test(args: list[str]) -> None:
     ensure_venv("dev")
     ensure_debian_tools()
-    env = dict(os.environ)
+    args, extra_env = screenshots_flag(args)
+    env = {**os.environ, **extra_env}
     env.setdefault("DATABASE_URL", LOCAL_DATABASE_URL)
     env.setdefault("REDIS_URL", LOCAL_REDIS_URL)
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
@@ -139,7 +151,7 @@ def cmd_test(args: list[str]) -> None:
 def main() -> None:
     commands = {"demo": cmd_demo, "test": cmd_test}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
-        sys.exit("usage: python3 dev.py demo [--fresh] | test [pytest args]")
+        sys.exit("usage: python3 dev.py demo [--fresh] | test [--screenshots] [pytest args]")
     commands[sys.argv[1]](sys.argv[2:])
 
 

@@ -15,14 +15,51 @@ from typing import Any
 
 from billing.selectors import BreakevenResult, CostRow
 
+# Colours, each with one meaning on every page (static/css/app.css holds the same for the
+# page itself). The four block-hour colours mean only their block; utilisation, the share of
+# the hours in the air, is drawn in the air's colour.
 AIR = "#1f6feb"
 HELD = "#d29922"
 PARKED = "#8c959f"
 OFFLINE = "#cf222e"
-MONEY = "#24292f"
+TARGET = "#1a7f37"  # target lines
+MONEY = "#24292f"  # cost of the hours in the air, own cost, the nominal rate
 IDLE_MONEY = "#bc4c00"
-TARGET = "#1a7f37"
 API = "#8250df"
+RENT = "#1b7c83"  # renting on demand
+ENERGY = "#bf3989"  # energy and power (energy per second)
+IDLE_ENERGY = "#e7a3cc"
+CO2E = "#57606a"
+TEMPERATURE = "#953800"
+THROTTLED = "#6639ba"
+INK = "#1b1f24"  # text
+GRID = "#eaeef2"
+HEAT = ("#f6f8fa", "#dbe9ff", "#79b0ff", "#1f6feb", "#0a2f6b")  # 0 % … 100 % utilisation
+LABEL_BG = "rgba(255,255,255,0.85)"
+PARTIAL_FILL = "rgba(140,149,159,0.14)"
+BLOCK_COLOURS = {AIR, HELD, PARKED, OFFLINE}
+# The same figures on a dark page (prefers-color-scheme: dark): static/js/charts.js swaps
+# these before drawing, as app.css swaps its own. HELD, PARKED and IDLE_ENERGY read on both.
+DARK = {
+    INK: "#e6edf3",
+    GRID: "#30363d",
+    AIR: "#4493f8",  # also HEAT[3]
+    OFFLINE: "#f85149",
+    TARGET: "#3fb950",
+    MONEY: "#d0d7de",
+    IDLE_MONEY: "#db6d28",
+    API: "#a371f7",
+    RENT: "#39c5cf",
+    ENERGY: "#db61a2",
+    CO2E: "#9198a1",
+    TEMPERATURE: "#f0883e",
+    THROTTLED: "#8957e5",
+    HEAT[0]: "#1c2128",
+    HEAT[1]: "#12305f",
+    HEAT[2]: "#1f5fc4",
+    HEAT[4]: "#b6d8ff",
+    LABEL_BG: "rgba(13,17,23,0.85)",
+}
 
 BLOCKS = (
     ("air_hours", "In the air", AIR),
@@ -50,18 +87,21 @@ def _layout(**extra: Any) -> dict[str, Any]:
         "font": {
             "family": "system-ui, -apple-system, Segoe UI, sans-serif",
             "size": 12,
-            "color": "#1b1f24",
+            "color": INK,
         },
         "hovermode": "x unified",
+        # Above the plot, growing upwards: a legend that wraps on a narrow screen pushes the
+        # top margin instead of covering the plot.
         "legend": {
             "orientation": "h",
-            "y": 1.12,
+            "y": 1.02,
+            "yanchor": "bottom",
             "x": 0,
             "bgcolor": "rgba(0,0,0,0)",
             "traceorder": "normal",
         },
-        "xaxis": {"gridcolor": "#eaeef2", "zeroline": False},
-        "yaxis": {"gridcolor": "#eaeef2", "zeroline": False, "rangemode": "tozero"},
+        "xaxis": {"gridcolor": GRID, "zeroline": False},
+        "yaxis": {"gridcolor": GRID, "zeroline": False, "rangemode": "tozero"},
         "height": 300,
     }
     for key, value in extra.items():
@@ -96,11 +136,59 @@ def _target_line(x: list[str], y: float, name: str) -> dict[str, Any]:
     }
 
 
+def _mark_partial(fig: Figure, x: list[str], partial_day: dt.date | None) -> Figure:
+    """Today's figures are a part of a day: its bars hatched, its column shaded and labelled,
+    so a short last day does not read as a collapse."""
+    if partial_day is None or partial_day.isoformat() not in x:
+        return fig
+    at = x.index(partial_day.isoformat())
+    for trace in fig["data"]:
+        if trace.get("type") == "bar" and trace.get("x") == x:
+            trace.setdefault("marker", {})["pattern"] = {
+                "shape": ["/" if i == at else "" for i in range(len(x))],
+                "solidity": 0.45,
+            }
+    noon = dt.datetime.combine(partial_day, dt.time(12))
+    layout = fig["layout"]
+    layout["shapes"] = [
+        *layout.get("shapes", []),
+        {
+            "type": "rect",
+            "xref": "x",
+            "yref": "paper",
+            "x0": (noon - dt.timedelta(days=1)).isoformat(sep=" "),
+            "x1": noon.isoformat(sep=" "),
+            "y0": 0,
+            "y1": 1,
+            "fillcolor": PARTIAL_FILL,
+            "line": {"width": 0},
+            "layer": "below",
+        },
+    ]
+    layout["annotations"] = [
+        *layout.get("annotations", []),
+        {
+            "x": noon.isoformat(sep=" "),
+            "y": 1,
+            "xref": "x",
+            "yref": "paper",
+            "xanchor": "right",
+            "yanchor": "top",
+            "text": "today, so far",
+            "showarrow": False,
+            "font": {"size": 10, "color": INK},
+        },
+    ]
+    return fig
+
+
 # --- overview -------------------------------------------------------------------------------
-def air_hours_trend(rows: Sequence[CostRow], *, target_utilization: float) -> Figure:
+def air_hours_trend(
+    rows: Sequence[CostRow], *, target_utilization: float, partial_day: dt.date | None = None
+) -> Figure:
     """Hours in the air per GPU per day, each day of the period, against the target."""
     x = _days(rows)
-    return {
+    fig = {
         "data": [
             {
                 "type": "bar",
@@ -116,11 +204,14 @@ def air_hours_trend(rows: Sequence[CostRow], *, target_utilization: float) -> Fi
         ],
         "layout": _layout(yaxis={"title": {"text": "hours / GPU / day"}, "range": [0, 24]}),
     }
+    return _mark_partial(fig, x, partial_day)
 
 
-def utilization_trend(rows: Sequence[CostRow], *, target_utilization: float) -> Figure:
+def utilization_trend(
+    rows: Sequence[CostRow], *, target_utilization: float, partial_day: dt.date | None = None
+) -> Figure:
     x = _days(rows)
-    return {
+    fig = {
         "data": [
             {
                 "type": "scatter",
@@ -137,10 +228,15 @@ def utilization_trend(rows: Sequence[CostRow], *, target_utilization: float) -> 
         ],
         "layout": _layout(yaxis={"title": {"text": "%"}, "range": [0, 100]}),
     }
+    return _mark_partial(fig, x, partial_day)
 
 
 def block_hours_stacked(
-    rows: Sequence[CostRow], *, x: list[str] | None = None, horizontal: bool = False
+    rows: Sequence[CostRow],
+    *,
+    x: list[str] | None = None,
+    horizontal: bool = False,
+    partial_day: dt.date | None = None,
 ) -> Figure:
     """The block-hours breakdown (air / held / parked / offline), per GPU per day: each bar
     sums to 24 h."""
@@ -168,22 +264,24 @@ def block_hours_stacked(
         layout["height"] = max(220, 26 * len(labels) + 80)
     else:
         layout["yaxis"] = {**layout["yaxis"], **axis}
-    return {"data": data, "layout": layout}
+    return _mark_partial({"data": data, "layout": layout}, labels, partial_day)
 
 
-def cost_trend(rows: Sequence[CostRow], *, currency: str) -> Figure:
+def cost_trend(
+    rows: Sequence[CostRow], *, currency: str, partial_day: dt.date | None = None
+) -> Figure:
     """Per day: the cost of the hours in the air against the idle cost (together the total)."""
     x = _days(rows)
     busy = [_num(r.total_cost - r.idle_cost, 2) for r in rows]
     idle = [_num(r.idle_cost, 2) for r in rows]
-    return {
+    fig = {
         "data": [
             {
                 "type": "bar",
                 "x": x,
                 "y": busy,
                 "name": "Cost of hours in the air",
-                "marker": {"color": AIR},
+                "marker": {"color": MONEY},
                 "hovertemplate": f"%{{y:,.2f}} {currency}<extra></extra>",
             },
             {
@@ -197,12 +295,15 @@ def cost_trend(rows: Sequence[CostRow], *, currency: str) -> Figure:
         ],
         "layout": _layout(barmode="stack", yaxis={"title": {"text": currency}}),
     }
+    return _mark_partial(fig, x, partial_day)
 
 
-def cost_per_air_hour_trend(rows: Sequence[CostRow], *, currency: str) -> Figure:
+def cost_per_air_hour_trend(
+    rows: Sequence[CostRow], *, currency: str, partial_day: dt.date | None = None
+) -> Figure:
     """What one hour of real GPU work cost, against the nominal hourly rate."""
     x = _days(rows)
-    return {
+    fig = {
         "data": [
             {
                 "type": "scatter",
@@ -225,18 +326,19 @@ def cost_per_air_hour_trend(rows: Sequence[CostRow], *, currency: str) -> Figure
         ],
         "layout": _layout(yaxis={"title": {"text": f"{currency} / hour"}}),
     }
+    return _mark_partial(fig, x, partial_day)
 
 
-def energy_trend(rows: Sequence[CostRow]) -> Figure:
+def energy_trend(rows: Sequence[CostRow], *, partial_day: dt.date | None = None) -> Figure:
     x = _days(rows)
-    return {
+    fig = {
         "data": [
             {
                 "type": "bar",
                 "x": x,
                 "y": [_num(r.energy_kwh - r.idle_energy_kwh, 2) for r in rows],
                 "name": "kWh (active)",
-                "marker": {"color": AIR},
+                "marker": {"color": ENERGY},
                 "hovertemplate": "%{y:,.0f} kWh<extra></extra>",
             },
             {
@@ -244,7 +346,7 @@ def energy_trend(rows: Sequence[CostRow]) -> Figure:
                 "x": x,
                 "y": [_num(r.idle_energy_kwh, 2) for r in rows],
                 "name": "kWh (idle)",
-                "marker": {"color": PARKED},
+                "marker": {"color": IDLE_ENERGY},
                 "hovertemplate": "%{y:,.0f} kWh<extra></extra>",
             },
             {
@@ -254,7 +356,7 @@ def energy_trend(rows: Sequence[CostRow]) -> Figure:
                 "y": [_num(r.co2e_kg, 1) for r in rows],
                 "name": "CO2e kg",
                 "yaxis": "y2",
-                "line": {"color": TARGET},
+                "line": {"color": CO2E},
                 "hovertemplate": "%{y:,.0f} kg<extra></extra>",
             },
         ],
@@ -271,35 +373,112 @@ def energy_trend(rows: Sequence[CostRow]) -> Figure:
             margin={"l": 56, "r": 56, "t": 28, "b": 40},
         ),
     }
+    return _mark_partial(fig, x, partial_day)
+
+
+def throttled_trend(rows: Sequence[CostRow], *, partial_day: dt.date | None = None) -> Figure:
+    """GPU-hours with the clocks held down per day (any reason), the reasons on hover. A
+    reason's hours may overlap another's: only the total is drawn."""
+    x = _days(rows)
+    reasons = [
+        [
+            _num(r.throttled_power_cap_hours, 1),
+            _num(r.throttled_thermal_hours, 1),
+            _num(r.throttled_hw_slowdown_hours, 1),
+            _num(r.throttled_other_hours, 1),
+        ]
+        for r in rows
+    ]
+    fig = {
+        "data": [
+            {
+                "type": "bar",
+                "x": x,
+                "y": [_num(r.throttled_hours, 2) for r in rows],
+                "customdata": reasons,
+                "name": "Throttled GPU-hours",
+                "marker": {"color": THROTTLED},
+                "hovertemplate": "%{y:,.1f} h: power cap %{customdata[0]} h, thermal "
+                "%{customdata[1]} h, hardware slowdown %{customdata[2]} h, other "
+                "%{customdata[3]} h<extra></extra>",
+            }
+        ],
+        "layout": _layout(showlegend=False, yaxis={"title": {"text": "GPU-hours"}}),
+    }
+    return _mark_partial(fig, x, partial_day)
 
 
 # --- heatmap --------------------------------------------------------------------------------
 def utilization_heatmap(
-    *, gpu_labels: list[str], columns: list[str], z: list[list[float | None]], by: str
+    *,
+    gpu_labels: list[str],
+    columns: list[str],
+    z: list[list[float | None]],
+    by: str,
+    offline_hours: list[list[float | None]] | None = None,
+    capacity_hours: list[list[float | None]] | None = None,
 ) -> Figure:
-    """GPUs × days (or hours) coloured by utilisation (%)."""
-    return {
-        "data": [
+    """GPUs × days (or hours) coloured by utilisation (%). A cell whose capacity was more
+    than half offline (no data, still paid for) is drawn in the offline colour instead: an
+    offline GPU is not an idle one."""
+    offline_hours = offline_hours or [[None] * len(columns) for _ in gpu_labels]
+    capacity_hours = capacity_hours or [[None] * len(columns) for _ in gpu_labels]
+
+    def mostly_offline(off: float | None, cap: float | None) -> bool:
+        return bool(off and cap and off > cap / 2)
+
+    offline = [
+        [mostly_offline(o, c) for o, c in zip(off_row, cap_row, strict=True)]
+        for off_row, cap_row in zip(offline_hours, capacity_hours, strict=True)
+    ]
+    hours = [[round(o, 1) if o else 0.0 for o in row] for row in offline_hours]
+    data: list[dict[str, Any]] = [
+        {
+            "type": "heatmap",
+            "name": "Utilisation",
+            "x": columns,
+            "y": gpu_labels,
+            "z": [
+                [None if off else v for v, off in zip(z_row, off_row, strict=True)]
+                for z_row, off_row in zip(z, offline, strict=True)
+            ],
+            "customdata": hours,
+            "zmin": 0,
+            "zmax": 100,
+            "colorscale": [
+                [0, HEAT[0]],
+                [0.05, HEAT[1]],
+                [0.3, HEAT[2]],
+                [0.6, HEAT[3]],
+                [1, HEAT[4]],
+            ],
+            "colorbar": {"title": {"text": "util %"}, "thickness": 12},
+            "xgap": 1,
+            "ygap": 1,
+            "hovertemplate": "%{y}<br>%{x}<br>%{z:.0f} %, offline %{customdata} h<extra></extra>",
+        },
+    ]
+    if any(any(row) for row in offline):
+        data.append(
             {
                 "type": "heatmap",
+                "name": "Offline",
                 "x": columns,
                 "y": gpu_labels,
-                "z": z,
+                "z": [[1 if off else None for off in row] for row in offline],
+                "customdata": hours,
                 "zmin": 0,
-                "zmax": 100,
-                "colorscale": [
-                    [0, "#f6f8fa"],
-                    [0.05, "#dbe9ff"],
-                    [0.3, "#79b0ff"],
-                    [0.6, "#1f6feb"],
-                    [1, "#0a2f6b"],
-                ],
-                "colorbar": {"title": {"text": "util %"}, "thickness": 12},
+                "zmax": 1,
+                "colorscale": [[0, OFFLINE], [1, OFFLINE]],
+                "showscale": False,
                 "xgap": 1,
                 "ygap": 1,
-                "hovertemplate": "%{y}<br>%{x}<br>%{z:.0f} %<extra></extra>",
-            },
-        ],
+                "hovertemplate": "%{y}<br>%{x}<br>offline %{customdata} h: no data, still "
+                "paid for<extra></extra>",
+            }
+        )
+    return {
+        "data": data,
         "layout": _layout(
             hovermode="closest",
             height=max(320, 14 * len(gpu_labels) + 90),
@@ -313,6 +492,12 @@ def utilization_heatmap(
                 "title": {"text": "day" if by == "day" else "hour"},
                 "gridcolor": "rgba(0,0,0,0)",
                 "type": "category" if by == "hour" else "date",
+                # A few days: one tick a day, not Plotly's noon ticks between them.
+                **(
+                    {"dtick": 86_400_000, "tickformat": "%-d %b"}
+                    if by == "day" and len(columns) <= 14
+                    else {}
+                ),
             },
             margin={"l": 120, "r": 16, "t": 16, "b": 48},
         ),
@@ -351,28 +536,28 @@ def gpu_timeseries(
         height=560,
         showlegend=False,
         margin={"l": 64, "r": 16, "t": 16, "b": 40},
-        xaxis={"anchor": "y4", "gridcolor": "#eaeef2"},
+        xaxis={"anchor": "y4", "gridcolor": GRID},
         yaxis={"domain": [0.78, 1], "title": {"text": "util %"}, "range": [0, 100]},
         yaxis2={
             "domain": [0.52, 0.74],
             "title": {"text": "W"},
             "rangemode": "tozero",
-            "gridcolor": "#eaeef2",
+            "gridcolor": GRID,
         },
-        yaxis3={"domain": [0.26, 0.48], "title": {"text": "°C"}, "gridcolor": "#eaeef2"},
+        yaxis3={"domain": [0.26, 0.48], "title": {"text": "°C"}, "gridcolor": GRID},
         yaxis4={
             "domain": [0, 0.22],
             "title": {"text": "throttled %"},
             "range": [0, 100],
-            "gridcolor": "#eaeef2",
+            "gridcolor": GRID,
         },
     )
     return {
         "data": [
             line(util_pct, "Utilisation" + title_suffix, AIR, "y", "%"),
-            line(power_w, "Power", HELD, "y2", "W"),
-            line(temp_c, "Temperature", OFFLINE, "y3", "°C"),
-            line(throttled_pct, "Throttled", PARKED, "y4", "%", kind="bar"),
+            line(power_w, "Power", ENERGY, "y2", "W"),
+            line(temp_c, "Temperature", TEMPERATURE, "y3", "°C"),
+            line(throttled_pct, "Throttled", THROTTLED, "y4", "%", kind="bar"),
         ],
         "layout": layout,
     }
@@ -390,7 +575,7 @@ def group_cost_bars(rows: Sequence[CostRow], *, currency: str) -> Figure:
                 "y": names,
                 "x": [_num(r.total_cost - r.idle_cost, 2) for r in rows],
                 "name": "Cost of hours in the air",
-                "marker": {"color": AIR},
+                "marker": {"color": MONEY},
                 "hovertemplate": f"%{{x:,.2f}} {currency}<extra></extra>",
             },
             {
@@ -473,7 +658,7 @@ def _vline(
         "yanchor": "top",
         "xanchor": "left",
         "xshift": 4,
-        "bgcolor": "rgba(255,255,255,0.85)",
+        "bgcolor": LABEL_BG,
         "font": {"color": color, "size": 11},
     }
     return shape, note
@@ -501,10 +686,14 @@ def _own_against_line(
         (breakeven, line_color, breakeven_label, "dash"),
         (result.utilization, AIR, "today", "solid"),
     ]
-    shapes, notes = [], []
+    shapes: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
     for u, color, label, dash in marks:
         if u is not None:
             s, n = _vline(u * 100, color, f"{label} {u:.0%}", dash)
+            # One label a line lower than the other: two close marks would write over each
+            # other.
+            n["y"] = 0.98 - 0.09 * len(notes)
             shapes.append(s)
             notes.append(n)
     hover = f"%{{y:{hover_format}}} {result.currency}{unit}"
@@ -599,7 +788,7 @@ def rent_curve(result: BreakevenResult) -> Figure | None:
         own_name="Own, per air hour",
         line_y=float(result.rental_rate_per_hour),
         line_name="Rent on demand",
-        line_color=HELD,
+        line_color=RENT,
         breakeven=result.rent_breakeven_utilization,
         breakeven_label="u* rent",
         unit=" / air hour",

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 from django.http import QueryDict
 from django.utils import timezone
 
-from billing.forms import FilterForm
+from billing.forms import PRESETS, FilterForm
 from billing.models import CostProfile
 from billing.selectors import Filters
 from fleet.models import FleetSettings, Gpu
@@ -21,6 +21,41 @@ from fleet.models import FleetSettings, Gpu
 DEFAULT_DAYS = 30
 MAX_DAYS = 400  # a bound on what one page may ask the selectors for
 FILTER_KEYS = ("site", "pool", "team", "model")
+
+
+def preset_range(key: str, today: dt.date) -> tuple[dt.date, dt.date]:
+    """The inclusive days of a period shortcut, seen from ``today`` (report time zone):
+    weeks start on Monday (ISO), quarters in January, April, July and October."""
+    monday = today - dt.timedelta(days=today.weekday())
+    first_of_month = today.replace(day=1)
+    if key == "last_30_days":
+        return today - dt.timedelta(days=DEFAULT_DAYS - 1), today
+    if key == "this_week":
+        return monday, today
+    if key == "last_week":
+        return monday - dt.timedelta(weeks=1), monday - dt.timedelta(days=1)
+    if key == "month_to_date":
+        return first_of_month, today
+    if key == "last_month":
+        end = first_of_month - dt.timedelta(days=1)
+        return end.replace(day=1), end
+    if key == "last_quarter":
+        quarter_start = dt.date(today.year, (today.month - 1) // 3 * 3 + 1, 1)
+        end = quarter_start - dt.timedelta(days=1)
+        return dt.date(end.year, end.month - 2, 1), end
+    raise ValueError(f"period: unknown shortcut {key!r}")
+
+
+def period_label(start: dt.date, end: dt.date) -> str:
+    """An inclusive range of days as people write it: "15 Jun 2026", "8–14 Jun 2026",
+    "28 May – 3 Jun 2026", "28 Dec 2025 – 3 Jan 2026"."""
+    if start == end:
+        return f"{start.day} {start:%b %Y}"
+    if (start.year, start.month) == (end.year, end.month):
+        return f"{start.day}–{end.day} {end:%b %Y}"
+    if start.year == end.year:
+        return f"{start.day} {start:%b} – {end.day} {end:%b %Y}"
+    return f"{start.day} {start:%b %Y} – {end.day} {end:%b %Y}"
 
 
 @dataclass
@@ -35,6 +70,8 @@ class DashboardFilters:
     form: FilterForm
     fleet_settings: FleetSettings
     extra: dict[str, str] = field(default_factory=dict)
+    today: dt.date = field(default_factory=dt.date.today)  # in the report time zone
+    preset: str = ""  # the period shortcut that chose the range, if one did
 
     @property
     def end_exclusive(self) -> dt.date:
@@ -52,11 +89,24 @@ class DashboardFilters:
     def target_utilization(self) -> float:
         return float(self.fleet_settings.target_utilization)
 
+    @property
+    def label(self) -> str:
+        """The range in words, as every card says it."""
+        return period_label(self.start, self.end)
+
+    @property
+    def partial_day(self) -> dt.date | None:
+        """Today, when the range holds it: its figures so far are a part of a day."""
+        return self.today if self.start <= self.today <= self.end else None
+
+    def range_params(self) -> list[tuple[str, str]]:
+        """The range alone: the shortcut that chose it, else its two days."""
+        if self.preset:
+            return [("period", self.preset)]
+        return [("from", self.start.isoformat()), ("to", self.end.isoformat())]
+
     def params(self) -> list[tuple[str, str]]:
-        pairs: list[tuple[str, str]] = [
-            ("from", self.start.isoformat()),
-            ("to", self.end.isoformat()),
-        ]
+        pairs = self.range_params()
         for key, values in zip(
             FILTER_KEYS,
             (self.filters.sites, self.filters.pools, self.filters.teams, self.filters.models),
@@ -79,6 +129,28 @@ class DashboardFilters:
             (self.filters.sites, self.filters.pools, self.filters.teams, self.filters.models)
         )
 
+    @property
+    def range_querystring(self) -> str:
+        """The range without the other filters (the filter bar's "Clear filters")."""
+        return urlencode(self.range_params())
+
+    def presets(self, keep: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The period shortcuts as links that keep the other filters and ``keep``."""
+        others = [(k, v) for k, v in self.params() if k not in ("period", "from", "to")]
+        out = []
+        for key, label in PRESETS.items():
+            start, end = preset_range(key, self.today)
+            out.append(
+                {
+                    "key": key,
+                    "label": label,
+                    "dates": period_label(start, end),
+                    "qs": urlencode([("period", key), *others, *keep]),
+                    "active": (start, end) == (self.start, self.end),
+                }
+            )
+        return out
+
 
 def dashboard_filters(query: QueryDict, *, today: dt.date | None = None) -> DashboardFilters:
     """Parse ``?from=&to=&site=&pool=&team=&model=`` (each filter repeatable). Bad values are
@@ -89,8 +161,15 @@ def dashboard_filters(query: QueryDict, *, today: dt.date | None = None) -> Dash
     form = FilterForm(query)
     form.is_valid()  # errors are shown; cleaned_data holds what was valid
     data: dict[str, Any] = getattr(form, "cleaned_data", {})
-    end = data.get("to") or today
-    start = data.get("from") or end - dt.timedelta(days=DEFAULT_DAYS - 1)
+    preset = data.get("period") or ""
+    given = (data.get("from"), data.get("to"))
+    if preset and given not in ((None, None), preset_range(preset, today)):
+        preset = ""  # the filter bar's days were changed: they win over the shortcut
+    if preset:
+        start, end = preset_range(preset, today)
+    else:
+        end = data.get("to") or today
+        start = data.get("from") or end - dt.timedelta(days=DEFAULT_DAYS - 1)
     if start > end:
         start, end = end, start
     if (end - start).days >= MAX_DAYS:
@@ -102,7 +181,13 @@ def dashboard_filters(query: QueryDict, *, today: dt.date | None = None) -> Dash
         models=tuple(data.get("model") or ()),
     )
     return DashboardFilters(
-        start=start, end=end, filters=filters, form=form, fleet_settings=fleet_settings
+        start=start,
+        end=end,
+        filters=filters,
+        form=form,
+        fleet_settings=fleet_settings,
+        today=today,
+        preset=preset,
     )
 
 

@@ -19,15 +19,32 @@ def money(value: Decimal | None, currency: str = "", places: int = 2) -> str:
     return f"{text} {currency}".strip()
 
 
-def money_short(value: Decimal | None, currency: str = "") -> str:
-    """Big figures for cards: 12.3k, 1.25M (cents where the figure is small)."""
+# The one rule for money on the dashboard's cards: whole units from 10,000 up, cents below
+# (a price below one unit, such as per million tokens, keeps a tenth of a cent); the exact
+# figure, to the cent, on hover (``money_exact``).
+WHOLE_UNITS_FROM = Decimal(10_000)
+
+
+def money_places(value: Decimal) -> int:
+    if abs(value) >= WHOLE_UNITS_FROM:
+        return 0
+    if value and abs(value) < 1:
+        return 3
+    return 2
+
+
+def money_shown(value: Decimal | None, currency: str = "") -> str:
+    """``12,346 USD``, ``1,234.57 USD``, ``0.314 USD``: the card rule above."""
     if value is None:
         return MISSING
-    number = float(value)
-    for bound, suffix in ((1e6, "M"), (1e3, "k")):
-        if abs(number) >= bound * 10:
-            return f"{number / bound:,.1f}{suffix} {currency}".strip()
-    return money(value, currency, 0 if abs(number) >= 1000 else 2)
+    return money(value, currency, money_places(value))
+
+
+def money_exact(value: Decimal | None, currency: str = "") -> str:
+    """The figure a card shows on hover: to the cent (to 1/10,000 below one unit)."""
+    if value is None:
+        return MISSING
+    return money(value, currency, 4 if value and abs(value) < 1 else 2)
 
 
 def pct(value: float | None, digits: int = 1) -> str:

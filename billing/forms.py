@@ -22,11 +22,22 @@ BREAKEVEN_KEYS = {
     "rental_rate_per_hour": "rental_rate_per_hour",
 }
 PRICE_KEYS = {"api_input_price_per_mtok", "api_output_price_per_mtok", "api_price_per_mtok"}
+# The filter bar's period shortcuts (``?period=``), days of the report time zone
+# (billing.dashboard.preset_range). A link keeps its meaning: "last week" is last week
+# whenever it is opened.
+PRESETS = {
+    "last_30_days": "Last 30 days",
+    "this_week": "This week",
+    "last_week": "Last week",
+    "month_to_date": "Month to date",
+    "last_month": "Last month",
+    "last_quarter": "Last quarter",
+}
 
 
 class FilterForm(forms.Form):
-    """``?from=&to=&site=&pool=&team=&model=``; each filter repeatable, names not ids, so a
-    URL survives a re-import of the fleet file."""
+    """``?from=&to=&site=&pool=&team=&model=`` or ``?period=`` instead of the two days; each
+    filter repeatable, names not ids, so a URL survives a re-import of the fleet file."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -38,6 +49,9 @@ class FilterForm(forms.Form):
         )
         self.fields["to"] = forms.DateField(
             required=False, label="To", widget=date_widget, validators=bounded
+        )
+        self.fields["period"] = forms.ChoiceField(
+            required=False, label="Period", choices=[("", "")] + list(PRESETS.items())
         )
         self.fields["site"] = forms.MultipleChoiceField(
             required=False, choices=[(s, s) for s in Site.objects.values_list("name", flat=True)]

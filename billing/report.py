@@ -30,6 +30,7 @@ from django.contrib.auth import get_user_model
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.db.models import Q
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 
 from billing import report_chart, selectors
@@ -392,8 +393,11 @@ def weekly_report_build(*, week_start: dt.date, now: dt.datetime | None = None) 
     previous = selectors.fleet_summary(start=prev_start, end=week_start, now=now)
     row, cur = summary.row, summary.row.currency
 
-    gpu_rows = selectors.cost_rows(start=week_start, end=end, group_by="gpu", now=now)
-    team_rows = selectors.cost_rows(start=week_start, end=end, group_by="team", now=now)
+    # GPUs and teams from one computation over the week's rollups.
+    grouped = selectors.cost_rows_by(
+        start=week_start, end=end, group_bys=("gpu", "team"), period="all", now=now
+    )
+    gpu_rows, team_rows = grouped["gpu"], grouped["team"]
     by_idle = sorted(gpu_rows, key=lambda r: (-r.idle_cost, r.key))
     by_idle = [r for r in by_idle if r.idle_cost > 0][:TOP_N]
     teams = sorted(team_rows, key=lambda r: (-r.idle_cost, r.key))
@@ -436,8 +440,8 @@ def weekly_report_build(*, week_start: dt.date, now: dt.datetime | None = None) 
         offline=_offline(gpu_rows, now=now, zone=zone),
         trend=trend,
         breakeven_assumptions=assumptions,
-        dashboard_url=f"{settings.SITE_URL}/",
-        subscription_url=f"{settings.SITE_URL}/reports/weekly/subscription/",
+        dashboard_url=settings.SITE_URL + reverse("overview"),
+        subscription_url=settings.SITE_URL + reverse("weekly-report-subscription"),
     )
     data.subject = (
         render_to_string("emails/weekly_report.subject.txt", {"r": data, "h": data.headlines})

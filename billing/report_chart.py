@@ -2,10 +2,16 @@
 
 The chart is a nice-to-have: without a browser, or when rendering fails or hangs, the email
 goes out without it (``trend_png`` returns ``None`` and logs why).
+
+A render starts a headless Chromium (3–4 s), so each PNG is kept in the cache under a hash of
+its figure: the same week with the same figures is drawn once, however often it is previewed
+or sent, and new figures (late data) make a new key.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -14,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 
 from billing.selectors import CostRow
 
@@ -22,9 +29,43 @@ logger = logging.getLogger(__name__)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 WIDTH_PX, HEIGHT_PX = 640, 260
 RENDER_TIMEOUT_S = 60
+CACHE_TTL_S = 8 * 24 * 3600  # a week's chart outlives its week's sending and previews
 # kaleido's sync entry points share one browser session per process and are not thread-safe
 # (NOTES.md): one render at a time.
 _RENDER_LOCK = threading.Lock()
+# The renderer's own loggers: every step of a render at INFO (two dozen lines per PNG).
+RENDERER_LOGGERS = ("kaleido", "choreographer", "logistro")
+# choreographer's pipe logs a browser message it cannot decode as an ERROR with a traceback,
+# then ignores it and the render goes on (seen on a first render).
+UNDECODED_MESSAGE = "JSONError decoding message"
+_quiet_done = False
+
+
+class _IgnoredMessageFilter(logging.Filter):
+    """choreographer's "JSONError decoding message. Ignoring": one DEBUG line without the
+    traceback, since choreographer drops that message and the render does not depend on it.
+    A render that does fail is logged by ``trend_png``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith(UNDECODED_MESSAGE):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info, record.exc_text = None, None
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def renderer_logs_quiet() -> None:
+    """Warnings and errors only from kaleido and choreographer, and their ignored-message
+    error as one debug line (once per process; a LOGGING setting for these loggers wins)."""
+    global _quiet_done
+    if _quiet_done:
+        return
+    for name in RENDERER_LOGGERS:
+        named = logging.getLogger(name)
+        if named.level == logging.NOTSET:
+            named.setLevel(logging.WARNING)
+    logging.getLogger("choreographer.channels.pipe").addFilter(_IgnoredMessageFilter())
+    _quiet_done = True
 
 
 def chromium_path() -> str | None:
@@ -95,6 +136,7 @@ def render_png(fig: Any, *, browser: str) -> bytes:
     fetches MathJax from a CDN, which an offline server cannot reach (NOTES.md)."""
     import kaleido
 
+    renderer_logs_quiet()
     with _RENDER_LOCK:
         png = kaleido.calc_fig_sync(
             fig,
@@ -104,20 +146,45 @@ def render_png(fig: Any, *, browser: str) -> bytes:
     return bytes(png)
 
 
+def _cache_key(fig: Any) -> str:
+    """The figure's hash: its data, layout and size, so equal figures share one PNG."""
+    spec = json.dumps(fig.to_plotly_json(), sort_keys=True, default=str)
+    return "report-chart:" + hashlib.sha256(spec.encode()).hexdigest()
+
+
+def _cached(key: str) -> bytes | None:
+    try:
+        png = cache.get(key)
+    except Exception:  # the cache is an optimisation: Redis away means one more render
+        logger.warning("weekly report: chart cache unavailable", exc_info=True)
+        return None
+    return png if isinstance(png, bytes) and png.startswith(PNG_MAGIC) else None
+
+
 def trend_png(rows: Sequence[CostRow], *, currency: str) -> bytes | None:
-    """The chart as PNG bytes, or ``None`` when it cannot be made here."""
+    """The chart as PNG bytes, from the cache or rendered once; ``None`` when it cannot be
+    made here."""
     if not rows:
         return None
     browser = chromium_path()
     if browser is None:
         logger.info("weekly report: no Chromium found; sending without the chart")
         return None
+    fig = trend_figure(rows, currency=currency)
+    key = _cache_key(fig)
+    png = _cached(key)
+    if png is not None:
+        return png
     try:
-        png = render_png(trend_figure(rows, currency=currency), browser=browser)
+        png = render_png(fig, browser=browser)
     except Exception:  # a chart must never stop the report: log it and send without
         logger.warning("weekly report: chart rendering failed; sending without it", exc_info=True)
         return None
     if not png.startswith(PNG_MAGIC):
         logger.warning("weekly report: kaleido returned something that is not a PNG")
         return None
+    try:
+        cache.set(key, png, CACHE_TTL_S)
+    except Exception:
+        logger.warning("weekly report: chart cache unavailable", exc_info=True)
     return png

@@ -71,5 +71,9 @@ def weekly_subscription(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "reports/subscription.html",
-        {"subscription": subscription, "has_email": bool(user.email)},
+        {
+            "subscription": subscription,
+            "has_email": bool(user.email),
+            "page": "report-subscription",
+        },
     )

@@ -117,9 +117,12 @@ def breakeven_workload(table: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def breakeven_workloads_apply(*, document: dict[str, Any], result: ApplyResult) -> None:
+def breakeven_workloads_apply(
+    *, document: dict[str, Any], result: ApplyResult, new_pools: frozenset[str] = frozenset()
+) -> None:
     """The fleet's (``[breakeven]``) and each pool's (``pools[].breakeven``) workload; a table
-    left out of the file resets to none (the page's own defaults)."""
+    left out of the file resets to none (the page's own defaults). A pool in ``new_pools``
+    was created by this apply: its workload is part of creating it, not an update."""
     fs = FleetSettings.load()
     workload = breakeven_workload(document.get("breakeven"), "breakeven")
     if fs.breakeven != workload:
@@ -131,6 +134,7 @@ def breakeven_workloads_apply(*, document: dict[str, Any], result: ApplyResult) 
             Pool.objects.filter(name=row["name"])
             .exclude(breakeven=workload)
             .update(breakeven=workload)
+            and row["name"] not in new_pools
         ):
             result.count("pools", False, True)
 
@@ -143,9 +147,11 @@ def fleet_document_apply(*, document: dict[str, Any]) -> ApplyResult:
     from telemetry.rollup import daily_usage_ensure
     from telemetry.services import gpu_hours_invalidate
 
+    existing = set(Pool.objects.values_list("name", flat=True))
     result = fleet_file_apply(document=document)
     cost_profiles_apply(rows=document.get("cost_profiles", []), result=result)
-    breakeven_workloads_apply(document=document, result=result)
+    new_pools = frozenset(Pool.objects.values_list("name", flat=True)) - existing
+    breakeven_workloads_apply(document=document, result=result, new_pools=new_pools)
     if result.gpus_window_changed:
         gpu_hours_invalidate(gpu_ids=result.gpus_window_changed)
     # The daily pre-aggregate holds local days of the report time zone: a new zone rebuilds

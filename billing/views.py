@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
+from decimal import Decimal
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
-from django.urls import NoReverseMatch, reverse
+from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 from django.utils import timezone
 
 from billing import charts, selectors
 from billing.dashboard import (
+    FILTER_KEYS,
     MONEY_SORTS,
     SORTS,
     DashboardFilters,
@@ -28,7 +32,7 @@ from billing.dashboard import (
     gpu_cost_profile,
     range_bounds,
 )
-from billing.formatting import money, money_short, num, pct
+from billing.formatting import money, money_exact, money_shown, num, pct
 from billing.forms import BreakevenForm
 from fleet.models import Gpu
 from fleet.selectors import gpus_with_attribution
@@ -49,6 +53,8 @@ def _context(
         "qs": flt.querystring,
         "filter_options": flt.form.options(),
         "filter_errors": flt.form.errors,
+        "presets": flt.presets(extra.get("keep", [])),
+        "dark_colours": charts.DARK,
         "can_view_costs": _can_view_costs(request),
         "currency": flt.currency,
         **extra,
@@ -56,16 +62,71 @@ def _context(
 
 
 def _card(
-    label: str, value: str, sub: str = "", tone: str = "", money_card: bool = False, ident: str = ""
+    label: str,
+    value: str,
+    sub: str = "",
+    *,
+    accent: str = "",
+    ident: str = "",
+    unit: str = "",
+    exact: str = "",
+    period: str = "",
+    status: str = "",
+    good: bool | None = None,
 ) -> dict[str, Any]:
+    """One KPI card. ``accent``: the colour of what it measures (static/css/app.css: air,
+    offline, money, idle-money, energy, co2e, throttled, api), never a verdict; the verdict is
+    ``status``, a few words (green only when ``good``: the target's colour). ``period``: the
+    days it covers when not the page's (the template says the page's)."""
     return {
         "label": label,
         "value": value,
+        "unit": unit,
+        "exact": exact,
         "sub": sub,
-        "tone": tone,
-        "money": money_card,
+        "accent": accent,
         "id": ident,
+        "period": period,
+        "status": status,
+        "good": good,
     }
+
+
+def _money_card(
+    label: str, value: Decimal | None, currency: str, sub: str = "", **kwargs: Any
+) -> dict[str, Any]:
+    """A money card by the one rule (billing.formatting): separators, cents below 10,000,
+    the currency beside it, the exact figure on hover."""
+    kwargs.setdefault("accent", "money")
+    return _card(
+        label,
+        money_shown(value),
+        sub,
+        unit=currency if value is not None else "",
+        exact=money_exact(value, currency),
+        **kwargs,
+    )
+
+
+def _throttled_card(row: selectors.CostRow, *, unit: str) -> dict[str, Any]:
+    """Hours with the clocks held down (any reason), the two common reasons beneath."""
+    return _card(
+        "Throttled",
+        num(row.throttled_hours),
+        f"power cap {num(row.throttled_power_cap_hours)} h · "
+        f"thermal {num(row.throttled_thermal_hours)} h",
+        accent="throttled",
+        unit=unit,
+        ident="kpi-throttled",
+    )
+
+
+def _target_status(utilization: float | None, target: float) -> tuple[str, bool | None]:
+    if utilization is None:
+        return "", None
+    if utilization >= target:
+        return f"at or above the {target:.0%} target", True
+    return f"below the {target:.0%} target", False
 
 
 @login_required
@@ -75,7 +136,8 @@ def overview(request: HttpRequest) -> HttpResponse:
     fleet.view_costs (finance, admin).
 
     The Monday-morning page: fleet utilisation, hours in the air per GPU per day against the
-    target, money, energy, offline and recoverable GPUs, the trends and the block hours.
+    target, money, energy, throttling, offline and recoverable GPUs, the trends and the block
+    hours. A range in which no GPU was in service says so instead of zeros and empty axes.
     """
     flt = dashboard_filters(request.GET)
     costs = _can_view_costs(request)
@@ -85,29 +147,38 @@ def overview(request: HttpRequest) -> HttpResponse:
         start=flt.start, end=flt.end_exclusive, filters=flt.filters
     )
     row = summary.row
+    has_data = row.capacity_hours > 0
     cur = flt.currency
     target = summary.target_utilization
+    status, good = _target_status(row.utilization, target)
+    offline = summary.gpus_offline_now
     cards = [
         _card(
             "Fleet utilisation",
             pct(row.utilization),
-            f"target {target:.0%}",
-            "good" if (row.utilization or 0) >= target else "warn",
+            "air hours / capacity hours",
+            accent="air",
+            status=status,
+            good=good,
             ident="kpi-utilization",
         ),
         _card(
             "Hours in the air / GPU / day",
             num(row.hours_in_air_per_day),
             f"target {target * 24:.1f} h",
+            accent="air",
+            unit="h",
             ident="kpi-air-hours",
         ),
         _card(
             "GPUs offline now",
-            str(summary.gpus_offline_now),
+            str(offline),
             f"of {summary.gpus_in_service} in service",
-            "bad" if summary.gpus_offline_now else "",
+            accent="offline" if offline else "",
+            period="now",
             ident="kpi-offline",
         ),
+        _throttled_card(row, unit="GPU-h"),
         _card(
             "Recoverable GPUs",
             num(summary.recoverable_gpus),
@@ -116,58 +187,73 @@ def overview(request: HttpRequest) -> HttpResponse:
         ),
         _card(
             "Energy",
-            f"{num(row.energy_kwh, 0)} kWh",
+            num(row.energy_kwh, 0),
             f"{num(row.energy_per_gpu_hour_kwh, 3)} kWh per GPU-hour",
+            accent="energy",
+            unit="kWh",
             ident="kpi-energy",
         ),
         _card(
-            "CO2e", f"{num(row.co2e_kg / 1000, 2)} t", f"{num(row.co2e_kg, 0)} kg", ident="kpi-co2e"
+            "CO2e",
+            num(row.co2e_kg / 1000, 2),
+            f"{num(row.co2e_kg, 0)} kg",
+            accent="co2e",
+            unit="t",
+            ident="kpi-co2e",
         ),
     ]
     if costs:
         idle_share = (row.idle_cost / row.total_cost) if row.total_cost else None
-        cards[4:4] = [
-            _card(
+        cards[5:5] = [
+            _money_card(
                 "Total cost",
-                money_short(row.total_cost, cur),
-                money(row.total_cost, cur),
-                money_card=True,
+                row.total_cost,
+                cur,
+                f"{num(row.capacity_hours, 0)} GPU-hours in service",
                 ident="kpi-total-cost",
             ),
-            _card(
+            _money_card(
                 "Idle cost",
-                money_short(row.idle_cost, cur),
+                row.idle_cost,
+                cur,
                 f"{pct(float(idle_share) if idle_share is not None else None, 0)} of total",
-                "bad",
-                money_card=True,
+                accent="idle-money",
                 ident="kpi-idle-cost",
             ),
-            _card(
+            _money_card(
                 "Cost per air hour",
-                money(row.cost_per_air_hour, cur),
+                row.cost_per_air_hour,
+                cur,
                 f"nominal {money(row.nominal_rate_per_hour, cur)} / GPU-hour",
-                "warn",
-                money_card=True,
                 ident="kpi-cost-per-air-hour",
             ),
-            _card(
+            _money_card(
                 "Recoverable money / year",
-                money_short(summary.recoverable_money_per_year, cur),
+                summary.recoverable_money_per_year,
+                cur,
                 f"{num(summary.recoverable_gpus)} GPUs at {target:.0%}",
-                "good",
-                money_card=True,
                 ident="kpi-recoverable-money",
             ),
         ]
-    figures: dict[str, Any] = {
-        "chart-air-hours": charts.air_hours_trend(daily, target_utilization=target),
-        "chart-utilization": charts.utilization_trend(daily, target_utilization=target),
-        "chart-blocks": charts.block_hours_stacked(daily),
-        "chart-energy": charts.energy_trend(daily),
-    }
-    if costs:
-        figures["chart-cost"] = charts.cost_trend(daily, currency=cur)
-        figures["chart-cost-per-air-hour"] = charts.cost_per_air_hour_trend(daily, currency=cur)
+    figures: dict[str, Any] = {}
+    if has_data:
+        today = flt.partial_day
+        figures = {
+            "chart-air-hours": charts.air_hours_trend(
+                daily, target_utilization=target, partial_day=today
+            ),
+            "chart-utilization": charts.utilization_trend(
+                daily, target_utilization=target, partial_day=today
+            ),
+            "chart-blocks": charts.block_hours_stacked(daily, partial_day=today),
+            "chart-throttled": charts.throttled_trend(daily, partial_day=today),
+            "chart-energy": charts.energy_trend(daily, partial_day=today),
+        }
+        if costs:
+            figures["chart-cost"] = charts.cost_trend(daily, currency=cur, partial_day=today)
+            figures["chart-cost-per-air-hour"] = charts.cost_per_air_hour_trend(
+                daily, currency=cur, partial_day=today
+            )
     return render(
         request,
         "billing/overview.html",
@@ -177,7 +263,8 @@ def overview(request: HttpRequest) -> HttpResponse:
             "overview",
             summary=summary,
             row=row,
-            cards=cards,
+            has_data=has_data,
+            cards=cards if has_data else [],
             figures=figures,
             blocks=blocks(row),
             priced=row.priced,
@@ -305,11 +392,11 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
                 "qs": flt.with_params(sort=key, dir=next_dir),
             }
         )
-    figures = {
-        "chart-model-blocks": charts.block_hours_stacked(
+    figures = {}
+    if by_model:
+        figures["chart-model-blocks"] = charts.block_hours_stacked(
             by_model, x=[r.name for r in by_model], horizontal=True
         )
-    }
     return render(
         request,
         "billing/fleet.html",
@@ -381,12 +468,17 @@ def heatmap(request: HttpRequest) -> HttpResponse:
     # Percentages (0.1 %) of the GPUs drawn only.
     values = {r.key: r.values for r in rows}
     blank: list[float | None] = [None] * len(days)
-    figure = charts.utilization_heatmap(
-        gpu_labels=[labels[k] for k in shown],
-        columns=[d.isoformat() for d in days],
-        z=[percents(values.get(k, blank)) for k in shown],
-        by="day",
-    )
+    offline, capacity = _offline_by_day(flt, shown, days)
+    figures = {}
+    if shown:
+        figures["chart-heatmap"] = charts.utilization_heatmap(
+            gpu_labels=[labels[k] for k in shown],
+            columns=[d.isoformat() for d in days],
+            z=[percents(values.get(k, blank)) for k in shown],
+            by="day",
+            offline_hours=[offline.get(k, blank) for k in shown],
+            capacity_hours=[capacity.get(k, blank) for k in shown],
+        )
     return render(
         request,
         "billing/heatmap.html",
@@ -394,7 +486,7 @@ def heatmap(request: HttpRequest) -> HttpResponse:
             request,
             flt,
             "heatmap",
-            figures={"chart-heatmap": figure},
+            figures=figures,
             order=order,
             gpu_count=len(keys),
             **pager,
@@ -403,6 +495,47 @@ def heatmap(request: HttpRequest) -> HttpResponse:
             qs_util=flt.with_params(order="util"),
         ),
     )
+
+
+# A GPU-day drawn as offline has more offline hours than half its capacity; a GPU with less
+# than this over the whole range cannot have one worth drawing (only a day with under two
+# hours in service, the first hour of today, could), so its days are not computed.
+OFFLINE_CANDIDATE_HOURS = 1.0
+
+
+def _offline_by_day(
+    flt: DashboardFilters, shown: list[str], days: list[dt.date]
+) -> tuple[dict[str, list[float | None]], dict[str, list[float | None]]]:
+    """Offline and capacity hours of each GPU drawn, per day: the rows of the fleet board
+    (``cost_rows``), for the GPUs of this page that were offline at all. The range's totals
+    first (one row per GPU), then the days of those GPUs only: the days of every GPU drawn
+    cost the heatmap four times its time (bench/dashboard.py), for a few offline GPUs."""
+    if not shown:
+        return {}, {}
+    page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))
+    totals = selectors.cost_rows(
+        start=flt.start, end=flt.end_exclusive, group_by="gpu", period="all", filters=page_only
+    )
+    offline_gpus = tuple(r.key for r in totals if r.offline_hours >= OFFLINE_CANDIDATE_HOURS)
+    if not offline_gpus:
+        return {}, {}
+    rows = selectors.cost_rows(
+        start=flt.start,
+        end=flt.end_exclusive,
+        group_by="gpu",
+        period="day",
+        filters=dataclasses.replace(flt.filters, gpus=offline_gpus),
+    )
+    index = {d: i for i, d in enumerate(days)}
+    offline: dict[str, list[float | None]] = {}
+    capacity: dict[str, list[float | None]] = {}
+    for r in rows:
+        i = index.get(r.period_start.date())
+        if i is None:
+            continue
+        offline.setdefault(r.key, [None] * len(days))[i] = r.offline_hours
+        capacity.setdefault(r.key, [None] * len(days))[i] = r.capacity_hours
+    return offline, capacity
 
 
 def _series_value(item: Any, name: str) -> Any:
@@ -463,9 +596,12 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
     row = totals[0] if totals else None
     figures: dict[str, Any] = {}
     if daily:
-        figures["chart-gpu-blocks"] = charts.block_hours_stacked(daily)
+        today = flt.partial_day
+        figures["chart-gpu-blocks"] = charts.block_hours_stacked(daily, partial_day=today)
         if costs:
-            figures["chart-gpu-cost"] = charts.cost_trend(daily, currency=flt.currency)
+            figures["chart-gpu-cost"] = charts.cost_trend(
+                daily, currency=flt.currency, partial_day=today
+            )
     waiting: list[str] = []
     try:
         from telemetry.selectors import gpu_hourly_series, gpu_recent_samples
@@ -483,46 +619,43 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
     cards = []
     if row is not None:
         cards = [
-            _card("Utilisation", pct(row.utilization), ident="kpi-utilization"),
-            _card("Hours in the air / day", num(row.hours_in_air_per_day), ident="kpi-air-hours"),
+            _card("Utilisation", pct(row.utilization), accent="air", ident="kpi-utilization"),
+            _card(
+                "Hours in the air / day",
+                num(row.hours_in_air_per_day),
+                accent="air",
+                unit="h",
+                ident="kpi-air-hours",
+            ),
             _card(
                 "Energy",
-                f"{num(row.energy_kwh, 1)} kWh",
+                num(row.energy_kwh, 1),
                 f"{num(row.kwh_per_air_hour, 2)} kWh per air hour",
+                accent="energy",
+                unit="kWh",
                 ident="kpi-energy",
             ),
-            _card(
-                "Throttled",
-                f"{num(row.throttled_hours)} h",
-                f"thermal {num(row.throttled_thermal_hours)} h · "
-                f"power {num(row.throttled_power_cap_hours)} h",
-                ident="kpi-throttled",
-            ),
+            _throttled_card(row, unit="h"),
         ]
         if costs:
+            cur = flt.currency
             cards += [
-                _card(
-                    "Total cost",
-                    money(row.total_cost, flt.currency),
-                    money_card=True,
-                    ident="kpi-total-cost",
-                ),
-                _card(
+                _money_card("Total cost", row.total_cost, cur, ident="kpi-total-cost"),
+                _money_card(
                     "Idle cost",
-                    money(row.idle_cost, flt.currency),
+                    row.idle_cost,
+                    cur,
                     f"{pct(float(row.idle_cost / row.total_cost), 0)} of total"
                     if row.total_cost
                     else "",
-                    "bad",
-                    money_card=True,
+                    accent="idle-money",
                     ident="kpi-idle-cost",
                 ),
-                _card(
+                _money_card(
                     "Cost per air hour",
-                    money(row.cost_per_air_hour, flt.currency),
-                    f"nominal {money(row.nominal_rate_per_hour, flt.currency)} / h",
-                    "warn",
-                    money_card=True,
+                    row.cost_per_air_hour,
+                    cur,
+                    f"nominal {money(row.nominal_rate_per_hour, cur)} / h",
                     ident="kpi-cost-per-air-hour",
                 ),
             ]
@@ -545,13 +678,51 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
             cards=cards,
             blocks=blocks(row) if row else [],
             figures=figures,
-            profile=gpu_cost_profile(gpu) if costs else None,
+            profile=_profile_text(gpu_cost_profile(gpu), flt.currency) if costs else None,
+            offline_since=_offline_since(gpu, flt),
             waiting=waiting,
             recent_hours=RECENT_HOURS,
             has_hourly="chart-gpu-hourly" in figures,
             has_recent="chart-gpu-recent" in figures,
         ),
     )
+
+
+def _profile_text(profile: Any, currency: str) -> str | None:
+    """A cost profile in words, every money value with separators and the currency."""
+    if profile is None:
+        return None
+    scope = f"set on {profile.scope_kind} {profile.scope_name}"
+    if profile.kind == "owned":
+        years = num(float(profile.depreciation_years), 1).removesuffix(".0")
+        return (
+            f"owned ({scope}): bought for {money(profile.purchase_price, currency)}, "
+            f"depreciated over {years} years, opex {_rate(profile.opex_per_hour, currency)} / h"
+        )
+    return f"rented ({scope}): {_rate(profile.rental_rate_per_hour, currency)} per GPU-hour"
+
+
+def _rate(value: Decimal, currency: str) -> str:
+    """An hourly rate: cents, or as many places as it was given in (up to 4: 0.0125)."""
+    return money(value, currency, 2 if value % Decimal("0.01") == 0 else 4)
+
+
+def _offline_since(gpu: Gpu, flt: DashboardFilters) -> dict[str, Any] | None:
+    """The GPU page's banner: since when an in-service GPU has sent nothing (None when it is
+    reporting, or retired)."""
+    now = timezone.now()
+    if gpu.retired_at is not None and gpu.retired_at <= now:
+        return None
+    if not selectors.offline_now(gpu.last_seen_at, now):
+        return None
+    if gpu.last_seen_at is None:
+        return {"never": True}
+    zone = flt.fleet_settings.report_zone
+    return {
+        "never": False,
+        "since": gpu.last_seen_at.astimezone(zone),
+        "zone": flt.fleet_settings.report_time_zone,
+    }
 
 
 def _group_table(rows: list[selectors.CostRow], costs: bool, cur: str) -> list[dict[str, Any]]:
@@ -598,13 +769,15 @@ def chargeback(request: HttpRequest) -> HttpResponse:
     )
     for rows in groups.values():
         rows.sort(key=lambda r: r.idle_cost if costs else -(r.utilization or 0), reverse=True)
-    figures: dict[str, Any] = {
-        "chart-team-util": charts.group_util_bars(groups["team"], target_utilization=target),
-        "chart-pool-util": charts.group_util_bars(groups["pool"], target_utilization=target),
-    }
-    if costs:
-        figures["chart-team-cost"] = charts.group_cost_bars(groups["team"], currency=cur)
-        figures["chart-pool-cost"] = charts.group_cost_bars(groups["pool"], currency=cur)
+    figures: dict[str, Any] = {}
+    for what in ("team", "pool"):
+        if not groups[what]:  # no data for this period: the chart says so, no empty axes
+            continue
+        figures[f"chart-{what}-util"] = charts.group_util_bars(
+            groups[what], target_utilization=target
+        )
+        if costs:
+            figures[f"chart-{what}-cost"] = charts.group_cost_bars(groups[what], currency=cur)
     api_start = flt.start.isoformat()
     api_end = flt.end_exclusive.isoformat()
     return render(
@@ -671,6 +844,7 @@ def breakeven(request: HttpRequest) -> HttpResponse:
     cards = []
     if result is not None:
         u_star = result.breakeven_utilization
+        u = result.utilization
         cards = [
             _card(
                 "Break-even utilisation u*",
@@ -678,31 +852,37 @@ def breakeven(request: HttpRequest) -> HttpResponse:
                 "owning beats the API above this"
                 if u_star is not None
                 else "owning never beats this API price",
+                accent="api",
                 ident="kpi-ustar",
             ),
             _card(
                 "Measured utilisation",
-                pct(result.utilization),
+                pct(u),
                 f"pool {result.pool}",
-                "good"
-                if u_star is not None
-                and result.utilization is not None
-                and result.utilization >= u_star
-                else "warn",
+                accent="air",
+                status=""
+                if u_star is None or u is None
+                else ("above u*: owning pays" if u >= u_star else "below u*"),
+                good=None if u_star is None or u is None else u >= u_star,
                 ident="kpi-measured",
             ),
-            _card(
+            _money_card(
                 "Own cost / M tokens",
-                money(result.own_cost_per_mtok, cur, 3),
-                f"API {money(result.api_price_per_mtok, cur, 3)}",
+                result.own_cost_per_mtok,
+                cur,
+                f"API {money_shown(result.api_price_per_mtok, cur)}",
                 ident="kpi-own-mtok",
             ),
-            _card(
+            _money_card(
                 "Savings / month",
-                money_short(result.savings_per_month, cur),
-                f"own {money_short(result.own_cost_per_month, cur)} · "
-                f"API {money_short(result.api_cost_per_month, cur)}",
-                "good" if result.savings_per_month >= 0 else "bad",
+                result.savings_per_month,
+                cur,
+                f"own {money_shown(result.own_cost_per_month, cur)} · "
+                f"API {money_shown(result.api_cost_per_month, cur)}",
+                status="owning is cheaper"
+                if result.savings_per_month >= 0
+                else "the API is cheaper",
+                good=result.savings_per_month >= 0,
                 ident="kpi-savings",
             ),
         ]
@@ -712,7 +892,8 @@ def breakeven(request: HttpRequest) -> HttpResponse:
                 _card(
                     "Owning vs renting u*",
                     pct(u_rent) if u_rent is not None else "never",
-                    f"renting on demand at {money(result.rental_rate_per_hour, cur)} / h",
+                    f"renting on demand at {money_shown(result.rental_rate_per_hour, cur)} / h",
+                    accent="rent",
                     ident="kpi-rent",
                 )
             )
@@ -721,3 +902,72 @@ def breakeven(request: HttpRequest) -> HttpResponse:
         "billing/breakeven.html",
         _context(request, flt, "breakeven", form=form, result=result, cards=cards, figures=figures),
     )
+
+
+# --- errors ---------------------------------------------------------------------------------
+# Pages that need more than fleet.view_dashboard, and why, for the 403 page: a viewer who
+# opens a link a finance colleague shared is told what the page holds and whom to ask.
+RESTRICTED_PAGES = {
+    "breakeven": (
+        "fleet.view_costs",
+        "It shows money (costs and prices), which your role may not see.",
+    ),
+    "weekly-report-subscription": (
+        "fleet.view_costs",
+        "The weekly report shows money (costs), which your role may not see.",
+    ),
+    "weekly-report-preview": ("fleet.manage_fleet", "Previewing the weekly report is for admins."),
+    "admin:index": ("fleet.manage_fleet", "The admin site is for admins."),
+}
+request_logger = logging.getLogger("django.request")
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """handler403: the page in the site's frame (navigation, a way back) saying why. Logged
+    as one line: Django logs a PermissionDenied with its traceback, which for an expected
+    refusal is noise in the server log."""
+    try:
+        url_name = resolve(request.path_info).view_name
+    except Resolver404:
+        url_name = ""
+    needed, why = RESTRICTED_PAGES.get(url_name, ("", ""))
+    user = request.user
+    role = "no role"
+    if user.is_authenticated:
+        from fleet.roles import ROLES
+
+        groups = list(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
+        role = groups[0] if groups else "no role"
+    if not why:
+        why = (
+            "Your account has no role yet: an admin gives it one (viewer, finance or admin)."
+            if role == "no role"
+            else "Your role may not open this page."
+        )
+    # The shared link's period and filters, carried to the pages this user may open.
+    keep = [(k, v) for k, v in request.GET.items() if k in ("from", "to", "period", *FILTER_KEYS)]
+    referer = request.headers.get("Referer", "")
+    back = referer if referer and urlsplit(referer).netloc == request.get_host() else ""
+    response = render(
+        request,
+        "403.html",
+        {
+            "why": why,
+            "role": role,
+            "needs_costs": needed == "fleet.view_costs",
+            "back": back,
+            "qs": urlencode(keep),
+        },
+        status=403,
+    )
+    request_logger.warning(
+        "Forbidden (Permission denied): %s (user %s, %s)",
+        request.path,
+        getattr(user, "username", "") or "anonymous",
+        role,
+        extra={"status_code": 403},
+    )
+    # Django's own line for this response would carry the exception's traceback: ours above
+    # replaces it (django.utils.log.log_response skips a response marked as logged).
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response

@@ -39,5 +39,8 @@ urlpatterns = [
     path("", include("billing.urls")),
 ]
 
-# JSON 404s under /api/ (the schema promises JSON bodies for every error).
+# JSON 404s under /api/ (the schema promises JSON bodies for every error); templates/404.html
+# elsewhere.
 handler404 = "config.api.not_found"
+# The dashboard's 403: in the site's frame, saying why, logged without a traceback.
+handler403 = "billing.views.permission_denied"

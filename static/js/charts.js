@@ -1,24 +1,67 @@
 /* Draws the dashboard's Plotly figures. Each figure is built on the server and embedded with
    Django's json_script (<script type="application/json" id="…">); a
    <div class="plot" data-figure="…"> names the figure it shows. No inline script anywhere, so
-   the Content Security Policy can stay at script-src 'self'. */
+   the Content Security Policy can stay at script-src 'self'.
+
+   Dark mode: with prefers-color-scheme: dark, the colours listed in the page's
+   "dark-colours" block (billing.charts.DARK) are swapped before drawing, and the charts
+   are drawn again when the setting changes. Small screens: no toolbar (it covered legends). */
 (function () {
   "use strict";
 
-  var CONFIG = {
-    displaylogo: false,
-    responsive: true,
-    modeBarButtonsToRemove: ["lasso2d", "select2d", "sendDataToCloud"],
-    toImageButtonOptions: { format: "png", scale: 2 }
-  };
+  var SMALL = window.matchMedia("(max-width: 760px)");
+  var DARK = window.matchMedia("(prefers-color-scheme: dark)");
 
-  function draw(el) {
+  function config() {
+    return {
+      displaylogo: false,
+      displayModeBar: SMALL.matches ? false : "hover",
+      responsive: true,
+      modeBarButtonsToRemove: ["lasso2d", "select2d", "sendDataToCloud"],
+      toImageButtonOptions: { format: "png", scale: 2 }
+    };
+  }
+
+  function darkColours() {
+    var source = document.getElementById("dark-colours");
+    if (!source) { return {}; }
+    var map = {};
+    var given = JSON.parse(source.textContent);
+    Object.keys(given).forEach(function (light) { map[light.toLowerCase()] = given[light]; });
+    return map;
+  }
+
+  var COLOUR = /#[0-9a-fA-F]{6}\b|rgba\([^)]*\)/g;
+
+  function figure(text, map) {
+    // One pass over every colour in the figure: a colour is swapped at most once.
+    if (DARK.matches) {
+      text = text.replace(COLOUR, function (c) {
+        var swapped = map[c.toLowerCase()];
+        return swapped === undefined ? c : swapped;
+      });
+    }
+    return JSON.parse(text);
+  }
+
+  function draw(el, map) {
     var source = document.getElementById(el.getAttribute("data-figure"));
     if (!source) { return; }
-    var fig = JSON.parse(source.textContent);
-    window.Plotly.newPlot(el, fig.data, fig.layout, CONFIG).then(function () {
+    var fig = figure(source.textContent, map);
+    el.setAttribute("data-scheme", DARK.matches ? "dark" : "light");
+    window.Plotly.react(el, fig.data, fig.layout, config()).then(function () {
       el.setAttribute("data-drawn", "true");
     });
+  }
+
+  function drawAll() {
+    var map = darkColours();
+    document.querySelectorAll(".plot[data-figure]").forEach(function (el) { draw(el, map); });
+  }
+
+  function onChange(query, listener) {
+    if (query.addEventListener) { query.addEventListener("change", listener); }
+    else if (query.addListener) { query.addListener(listener); }
   }
 
   function breakevenForm() {
@@ -46,7 +89,9 @@
   }
 
   function start() {
-    document.querySelectorAll(".plot[data-figure]").forEach(draw);
+    drawAll();
+    onChange(DARK, drawAll);
+    onChange(SMALL, drawAll);
     breakevenForm();
     filters();
     document.body.setAttribute("data-charts-ready", "true");

@@ -242,3 +242,18 @@ def worked_example(fleet: FleetBuilder) -> Any:
         )
     fleet.save(rows)
     return gpu
+
+
+@pytest.fixture(autouse=True)
+def _report_chart_cache(monkeypatch: Any) -> Any:
+    """Each test starts with no rendered report chart: report_chart caches PNGs under their
+    figure's hash, and the shared Redis outlives a test (and a run)."""
+    import uuid
+
+    from django.core.cache.backends.locmem import LocMemCache
+
+    from billing import report_chart
+
+    fresh = LocMemCache(f"report-chart-{uuid.uuid4().hex}", {})
+    monkeypatch.setattr(report_chart, "cache", fresh)
+    return fresh

@@ -28,6 +28,12 @@ def test_demo_generates_a_fleet_and_rolls_it_up() -> None:
     call_command("demo", no_serve=True, gpus=6, days=1, stdout=out, stderr=io.StringIO())
     lines = out.getvalue().strip().splitlines()
     assert lines[-1].startswith("Login: demo / demo")
+    # An empty database: everything is created, nothing "updated" (a new pool's break-even
+    # workload is part of creating it).
+    applied = next(line for line in lines if line.startswith("applied fleet.toml:"))
+    assert "6 pools created" in applied and "pools updated" not in applied, applied
+    # No GPU of this small fleet goes offline: every sample arrives, and nothing is explained.
+    assert "ingested 576 samples (0 rejected)" in lines
     assert set(Site.objects.values_list("name", flat=True)) == {"fra1", "ams1", "iad1"}
     assert Pool.objects.count() == 6 and Team.objects.count() == 4
     assert set(CostProfile.objects.values_list("kind", flat=True)) == {"owned", "rented"}
@@ -48,6 +54,58 @@ def test_demo_generates_a_fleet_and_rolls_it_up() -> None:
     # Run again: nothing is generated twice, nothing breaks.
     call_command("demo", no_serve=True, gpus=6, days=1, stdout=io.StringIO(), stderr=io.StringIO())
     assert Sample.objects.count() == gpus * 96
+
+
+@pytest.mark.django_db
+def test_demo_says_why_samples_are_missing_and_keeps_logs_out_of_the_bars(
+    monkeypatch: Any, capfd: Any
+) -> None:
+    """A GPU that falls off the bus half-way sends nothing after: the demo says so, and how
+    many samples that is. A log line written while a progress bar draws gets its own line."""
+    import logging
+    import re
+
+    from billing.management.commands import demo
+    from telemetry import ingest
+    from telemetry.models import Sample
+
+    real_spec = demo.demo_spec
+
+    def spec_with_a_lost_gpu(gpus: int) -> tuple[list[dict[str, Any]], list[str]]:
+        groups, pools = real_spec(gpus)
+        groups[0] = {**groups[0], "falls_off_bus": "0.0@+12h"}  # node 0, GPU 0, after 12 h
+        return groups, pools
+
+    real_ingest = ingest.sample_batch_ingest
+    calls = {"n": 0}
+
+    def ingest_and_log(**kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the bar is drawn by then
+            logging.getLogger("telemetry.ingest").warning("a warning while the bar draws")
+        return real_ingest(**kwargs)
+
+    monkeypatch.setattr(demo, "demo_spec", spec_with_a_lost_gpu)
+    monkeypatch.setattr(ingest, "sample_batch_ingest", ingest_and_log)
+    call_command("demo", no_serve=True, gpus=6, days=1)
+    out, err = capfd.readouterr()
+
+    # 6 GPUs × 96 intervals possible; GPU 0 of the first node sent its first 12 h only.
+    assert Sample.objects.count() == 6 * 96 - 48
+    assert (
+        "ingested 528 of 576 possible samples (0 rejected); the 48 missing were never sent" in out
+    )
+    lost = re.search(
+        r"^  (gpu-\S+#0) fell off the bus at (.+) UTC .*: 48 samples, 12.0 h offline", out, re.M
+    )
+    assert lost, out
+    # Every piece of the bars' output is either a bar or a whole log line, never both.
+    pieces = [p for p in re.split(r"[\r\n]", err) if p.strip()]
+    logged = [p for p in pieces if "a warning while the bar draws" in p]
+    assert len(logged) == 1 and re.match(r"^\d{4}-\d\d-\d\d \S+ WARNING ", logged[0]), pieces
+    assert all("%|" in p for p in pieces if p not in logged), pieces
+    # The rollup's own line is not repeated inside its bar: the demo says it on stdout.
+    assert "INFO telemetry.rollup" not in err and "rolled up: rollup:" in out
 
 
 @pytest.mark.django_db
@@ -83,3 +141,37 @@ def test_live_agents_post_to_the_served_ingest_endpoint(live_server: Any) -> Non
     agents.join(timeout=30)
     assert Sample.objects.count() >= 6 * 3  # 3 whole minutes × 6 GPUs at least
     assert Node.objects.filter(last_seen_at__isnull=False).count() == len(fleet.nodes)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_demo_sets_site_url_to_the_url_it_serves_on(
+    settings: Any, monkeypatch: Any, free_tcp_port: int
+) -> None:
+    """Links in the weekly email and its preview point at the demo's own server."""
+    import urllib.request
+
+    from billing.management.commands.demo import Command, _floor
+    from telemetry.agent.fake import FakeFleet
+
+    monkeypatch.delenv("SITE_URL", raising=False)
+    settings.SITE_URL = "http://localhost:8000"
+    command = Command(stdout=io.StringIO(), stderr=io.StringIO())
+    now = _floor(timezone.now(), 60)
+    opts = {"host": "127.0.0.1", "port": free_tcp_port, "verbosity": 0, "live_interval": 60}
+    serving = threading.Thread(
+        target=command._serve,
+        args=(FakeFleet("nodes=1,gpus=1", epoch=now), {}, now, opts, time.monotonic()),
+        daemon=True,
+    )
+    serving.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "Dashboard:" not in command.stdout._out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert settings.SITE_URL == f"http://localhost:{free_tcp_port}"
+        with urllib.request.urlopen(f"{settings.SITE_URL}/healthz", timeout=10) as answer:
+            assert answer.status == 200
+    finally:
+        command.stop.set()
+        serving.join(timeout=30)
+    assert not serving.is_alive()

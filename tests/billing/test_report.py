@@ -418,3 +418,50 @@ def test_break_even_per_pool_at_its_fleet_file_workload(example_week: Any, no_ch
         "- inference (at 1,000 tokens/s per GPU, API 0.600 USD per million tokens): "
         f"utilisation 37.5 %, break-even {u_star}"
     ) in text
+
+
+def test_the_renderers_chatter_and_ignored_message_error_stay_out_of_the_log(
+    caplog: Any,
+) -> None:
+    """kaleido and choreographer log every step of a render at INFO, and choreographer logs
+    a browser message it then ignores as an ERROR with a traceback: after the first render
+    (or ``renderer_logs_quiet``) neither reaches the log."""
+    import logging
+
+    report_chart.renderer_logs_quiet()
+    caplog.set_level(logging.INFO)
+    logging.getLogger("kaleido.kaleido").info("Conforming 1 to file:///tmp/x/index.html")
+    logging.getLogger("choreographer.browser_async").info("Opening browser.")
+    pipe = logging.getLogger("choreographer.channels.pipe")
+    try:
+        raise ValueError("Expecting value: line 1 column 1 (char 0)")
+    except ValueError:
+        pipe.exception("JSONError decoding message. Ignoring")
+    pipe.error("a real pipe error")  # other errors still get through
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("choreographer.channels.pipe", "ERROR", "a real pipe error")
+    ]
+
+
+def test_a_real_render_logs_nothing_below_warning(caplog: Any, monkeypatch: Any) -> None:
+    import logging
+    from decimal import Decimal
+    from types import SimpleNamespace
+
+    if report_chart.chromium_path() is None:
+        pytest.skip("no Chromium here")
+    caplog.set_level(logging.INFO)
+    row = SimpleNamespace(
+        period_start=dt.datetime(2026, 3, 2, tzinfo=dt.UTC),
+        idle_cost=Decimal("12.5"),
+        utilization=0.4,
+    )
+    png = report_chart.trend_png([row], currency="USD")  # type: ignore[list-item]
+    assert png is not None and png.startswith(report_chart.PNG_MAGIC)
+    noisy = [r for r in caplog.records if r.name.split(".")[0] in report_chart.RENDERER_LOGGERS]
+    assert not noisy, [(r.name, r.levelname, r.getMessage()) for r in noisy]
+    # The same figure again comes from the cache: no browser at all.
+    started: list[str] = []
+    monkeypatch.setattr(report_chart, "render_png", lambda fig, browser: started.append(browser))
+    assert report_chart.trend_png([row], currency="USD") == png  # type: ignore[list-item]
+    assert not started

@@ -77,3 +77,34 @@ def test_subscription_toggle(make_user: Any) -> None:
     client.post(SUBSCRIPTION, {"opted_in": "0", "csrfmiddlewaretoken": token})
     assert ReportSubscription.objects.get(user=user).opted_in is False
     assert login(make_user, "viewer").get(SUBSCRIPTION).status_code == 403
+
+
+def test_preview_draws_the_chart_once_per_week_and_figures(
+    worked_example: Any, make_user: Any, monkeypatch: Any
+) -> None:
+    """A render starts a headless Chromium (seconds): the second preview of the same week
+    and figures takes the PNG from the cache; another week's figures are drawn anew."""
+    renders: list[Any] = []
+
+    def render(fig: Any, browser: str) -> bytes:
+        renders.append(fig)
+        return report_chart.PNG_MAGIC + b"%d" % len(renders)
+
+    monkeypatch.setattr(report_chart, "chromium_path", lambda: "/usr/bin/chromium")
+    monkeypatch.setattr(report_chart, "render_png", render)
+    admin = login(make_user, "admin")
+    first = admin.get(PREVIEW, {"week": "2026-W10"}).content.decode()
+    second = admin.get(PREVIEW, {"week": "2026-W10"}).content.decode()
+    assert len(renders) == 1
+    assert "data:image/png;base64," in first and first == second
+    admin.get(PREVIEW, {"week": "2026-W11"})  # other days, other figures
+    assert len(renders) == 2
+
+
+def test_preview_links_use_site_url(
+    worked_example: Any, make_user: Any, no_chart: Any, settings: Any
+) -> None:
+    settings.SITE_URL = "http://localhost:8765"
+    html = login(make_user, "admin").get(PREVIEW, {"week": "2026-W10"}).content.decode()
+    assert 'href="http://localhost:8765/"' in html
+    assert 'href="http://localhost:8765/reports/weekly/subscription/"' in html

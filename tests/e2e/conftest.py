@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,8 +28,26 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
+ROOT = Path(__file__).resolve().parent.parent.parent
+# Screenshots go to var/screenshots/ (ignored by git), so a test run leaves the tree clean.
+# The README's own screenshots (docs/screenshots/) are rewritten only when asked:
+# ``python3 dev.py test --screenshots`` sets this variable.
+UPDATE_README_SCREENSHOTS = "GPUFLEET_UPDATE_SCREENSHOTS"
+README_SCREENSHOTS = ROOT / "docs" / "screenshots"
 TEST_BUDGET_S = 180  # a hard bound on each browser test
 PLOTLY_FINDER = "billing.staticfiles.PlotlyJsFinder"
+
+
+def screenshot_path(name: str, *, readme: bool = False) -> Path:
+    """Where the screenshot ``name`` goes: ``var/screenshots/`` (or ``$GPUFLEET_VAR_DIR``'s),
+    except a README screenshot (``readme``) when ``GPUFLEET_UPDATE_SCREENSHOTS=1``, which
+    goes to ``docs/screenshots/``."""
+    if readme and os.environ.get(UPDATE_README_SCREENSHOTS) == "1":
+        folder = README_SCREENSHOTS
+    else:
+        folder = Path(os.environ.get("GPUFLEET_VAR_DIR", str(ROOT / "var"))) / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{name}.png"
 
 
 def _chromium_present() -> bool:
@@ -106,9 +125,9 @@ def problems() -> PageProblems:
     return PageProblems()
 
 
-@pytest.fixture
-def page(page: Any, problems: PageProblems) -> Iterator[Any]:
-    """pytest-playwright's page, watched: console errors, page errors, foreign requests."""
+def watch(page: Any, problems: PageProblems) -> Any:
+    """Record on ``problems`` what goes wrong on ``page``; refuse requests that leave
+    localhost."""
     page.set_default_timeout(20_000)
     page.set_default_navigation_timeout(30_000)
 
@@ -125,5 +144,30 @@ def page(page: Any, problems: PageProblems) -> Iterator[Any]:
         "console", lambda m: problems.console_errors.append(m.text) if m.type == "error" else None
     )
     page.on("pageerror", lambda e: problems.page_errors.append(str(e)))
-    yield page
+    return page
+
+
+@pytest.fixture
+def page(page: Any, problems: PageProblems) -> Iterator[Any]:
+    """pytest-playwright's page, watched: console errors, page errors, foreign requests."""
+    yield watch(page, problems)
+    problems.assert_clean()
+
+
+@pytest.fixture
+def open_page(browser: Any, problems: PageProblems) -> Iterator[Any]:
+    """``open_page(width, scheme)``: a new watched page in its own browser context, that
+    wide (900 px high) and with ``prefers-color-scheme`` set to ``"light"`` or ``"dark"``."""
+    contexts: list[Any] = []
+
+    def make(width: int, scheme: str) -> Any:
+        context = browser.new_context(
+            viewport={"width": width, "height": 900}, device_scale_factor=1, color_scheme=scheme
+        )
+        contexts.append(context)
+        return watch(context.new_page(), problems)
+
+    yield make
+    for context in contexts:
+        context.close()
     problems.assert_clean()

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+from tests.e2e.conftest import screenshot_path
 
-SCREENSHOTS = Path(__file__).resolve().parent.parent.parent / "docs" / "screenshots"
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def _login(page: Any, base: str, username: str, password: str) -> None:
@@ -41,11 +40,11 @@ def _kpi(page: Any, ident: str) -> str:
 
 
 def _shot(page: Any, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    """One of the README's screenshots (docs/screenshots/ only when asked: conftest)."""
+    page.screenshot(path=str(screenshot_path(name, readme=True)), full_page=True)
 
 
-def test_finance_journey_through_every_page(live_server: Any, page: Any) -> None:
+def test_finance_journey_through_every_page(live_server: Any, page: Any, open_page: Any) -> None:
     # The demo's own data path, small: fake fleet → ingest service → rollup.
     call_command("demo", no_serve=True, gpus=24, days=14, verbosity=0)
     base = live_server.url
@@ -100,6 +99,13 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any) -> None
     _charts_drawn(page)
     assert _kpi(page, "kpi-ustar") != u_star
     _shot(page, "breakeven")
+
+    # The overview on a phone with the system in dark mode (the README shows its first screen).
+    phone = open_page(390, "dark")
+    _login(phone, base, "finance", "finance")
+    phone.goto(f"{base}/?from={today - dt.timedelta(days=13)}&to={today}")
+    _charts_drawn(phone)
+    phone.screenshot(path=str(screenshot_path("overview-phone-dark", readme=True)))
 
 
 def test_viewer_sees_utilisation_but_no_money(

@@ -10,16 +10,20 @@ and a login on its last lines. ``--no-serve`` stops after the rollup (the tests 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import math
+import os
 import sys
 import threading
 import time
 import tomllib
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from django.conf import settings
 from django.core.management import call_command
@@ -71,6 +75,10 @@ class Command(BaseCommand):
     )
     # --fresh deletes the database file before anything touches it.
     requires_system_checks: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop = threading.Event()  # set: stop serving (what Ctrl-C does; the tests use it)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -230,20 +238,25 @@ class Command(BaseCommand):
             1, min(86400 // interval_s, settings.INGEST_MAX_SAMPLES // BASE_GPUS_PER_NODE)
         )
         intervals = int((end - start).total_seconds()) // interval_s
+        possible = intervals * gpu_count
         self._say(
             f"generating {(end - start).total_seconds() / 86400:.1f} days of history for "
-            f"{gpu_count} GPUs ({intervals * gpu_count:,} samples of {interval_s} s) "
+            f"{gpu_count} GPUs ({possible:,} samples of {interval_s} s at most) "
             "through the ingest service…"
         )
         accepted = rejected = 0
-        with tqdm(
-            total=intervals * gpu_count,
-            unit="sample",
-            unit_scale=True,
-            desc="history",
-            file=sys.stderr,
-            mininterval=0.5,
-        ) as bar:
+        sent: Counter[str] = Counter()
+        with (
+            tqdm(
+                total=possible,
+                unit="sample",
+                unit_scale=True,
+                desc="history",
+                file=sys.stderr,
+                mininterval=0.5,
+            ) as bar,
+            _logs_above(sys.stderr),
+        ):
             for hostname, payload in simulate(
                 fleet, start=start, end=end, interval_s=interval_s, batch_intervals=per_push
             ):
@@ -256,8 +269,23 @@ class Command(BaseCommand):
                     raise CommandError(f"ingest refused a push of {hostname}: {exc}") from exc
                 accepted += result.accepted
                 rejected += len(result.rejected)
-                bar.update(len(payload["samples"]))
-        self._say(f"ingested {accepted:,} samples ({rejected} rejected)")
+                samples = payload["samples"]
+                sent.update(s["gpu"] for s in samples)
+                # The bar counts GPU-intervals simulated, so a GPU that sends nothing (it is
+                # offline) does not leave it short of 100 %.
+                bar.update(len({s["start"] for s in samples}) * len(fleet.node(hostname).gpus))
+            bar.update(bar.total - bar.n)  # a node wholly silent for a push sends nothing
+        offline = _unsent(fleet, sent, intervals=intervals, interval_s=interval_s)
+        missing = possible - sum(sent.values())
+        if not offline:
+            self._say(f"ingested {accepted:,} samples ({rejected} rejected)")
+            return
+        self._say(
+            f"ingested {accepted:,} of {possible:,} possible samples ({rejected} rejected); "
+            f"the {missing:,} missing were never sent, by GPUs that went offline:"
+        )
+        for line in offline:
+            self._say(f"  {line}")
 
     def _rollup(self) -> None:
         from tqdm import tqdm
@@ -266,7 +294,13 @@ class Command(BaseCommand):
         from telemetry.rollup import rollup_run
 
         total = RollupPending.objects.count()
-        with tqdm(total=total, unit="h", desc="rollup", file=sys.stderr) as bar:
+        if not total:  # nothing marked: no bar stuck at "0h"
+            self._say(f"rolled up: {rollup_run(wait=True)}")
+            return
+        with (
+            tqdm(total=total, unit="h", desc="rollup", file=sys.stderr) as bar,
+            _logs_above(sys.stderr),
+        ):
             result = rollup_run(wait=True, on_batch=bar.update)
         self._say(f"rolled up: {result}")
 
@@ -321,7 +355,11 @@ class Command(BaseCommand):
         server.daemon_threads = True
         host = "localhost" if opts["host"] in ("127.0.0.1", "::1", "localhost") else opts["host"]
         url = f"http://{host}:{port}/"
-        stop = threading.Event()
+        if "SITE_URL" not in os.environ:
+            # Links in emails and the report preview point at this server, not at the
+            # default port 8000 (SITE_URL set in the environment wins: a proxy in front).
+            settings.SITE_URL = url.rstrip("/")
+        stop = self.stop
         threads = [
             threading.Thread(
                 target=_live_agents,
@@ -349,14 +387,79 @@ class Command(BaseCommand):
         self._say(f"Dashboard: {url}")
         self._logins()
         try:
-            while serving.is_alive():
-                serving.join(timeout=1)
+            while serving.is_alive() and not stop.wait(timeout=1):
+                pass
         except KeyboardInterrupt:
             pass
         finally:
             stop.set()
             server.shutdown()
             server.server_close()
+
+
+def _unsent(fleet: Any, sent: Counter[str], *, intervals: int, interval_s: int) -> list[str]:
+    """Why fewer samples were ingested than the history could hold: a line for each GPU that
+    sent fewer than one per interval (in the fake fleet, one that fell off the bus: it sends
+    nothing from then on, and the dashboard counts those hours as offline)."""
+    lines = []
+    for hostname in fleet.nodes:
+        for gpu in fleet.node(hostname).gpus:
+            short = intervals - sent[gpu.uuid]
+            if short <= 0:
+                continue
+            why = "sent no sample"
+            if gpu.lost_at is not None:
+                at = dt.datetime.fromtimestamp(gpu.lost_at, tz=dt.UTC)
+                why = f"fell off the bus at {at:%Y-%m-%d %H:%M} UTC (a simulated fault)"
+            lines.append(
+                f"{hostname}#{gpu.index} {why}: {short:,} samples, "
+                f"{short * interval_s / 3600:,.1f} h offline (paid for, no data)"
+            )
+    return lines
+
+
+class _AboveTheBar(logging.Handler):
+    """Stands in for a console log handler while a progress bar draws: each record is written
+    through tqdm, on its own line above the bar, with the handler's own format and filters."""
+
+    def __init__(self, console: logging.Handler, file: TextIO) -> None:
+        super().__init__(console.level)
+        self.setFormatter(console.formatter)
+        self.filters = list(console.filters)
+        self.file = file
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.file)
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _logs_above(file: TextIO) -> Iterator[None]:
+    """No log line inside a progress bar: the root logger's console handlers write through
+    tqdm while a bar draws on ``file``. The rollup's own result line is left out: the demo
+    says it."""
+    root = logging.getLogger()
+    # The console handlers of settings.LOGGING: plain StreamHandlers (file handlers and test
+    # capture handlers are subclasses and stay).
+    consoles = [h for h in root.handlers if type(h) is logging.StreamHandler]
+    stand_ins = [_AboveTheBar(h, file) for h in consoles]
+    rollup_log = logging.getLogger("telemetry.rollup")
+    level = rollup_log.level
+    for console, stand_in in zip(consoles, stand_ins, strict=True):
+        root.removeHandler(console)
+        root.addHandler(stand_in)
+    rollup_log.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        rollup_log.setLevel(level)
+        for console, stand_in in zip(consoles, stand_ins, strict=True):
+            root.removeHandler(stand_in)
+            root.addHandler(console)
 
 
 def _floor(moment: dt.datetime, interval_s: int) -> dt.datetime:

@@ -1,0 +1,30 @@
+/* The navigation on small screens: the "Menu" button opens and closes the page list and the
+   user menu. Without this script (or on wide screens) they are simply shown. */
+(function () {
+  "use strict";
+  document.documentElement.classList.add("js");
+
+  function start() {
+    var button = document.querySelector(".menu-toggle");
+    var menu = document.getElementById("site-menu");
+    if (!button || !menu) { return; }
+    button.addEventListener("click", function () {
+      var open = button.getAttribute("aria-expanded") !== "true";
+      button.setAttribute("aria-expanded", open ? "true" : "false");
+      document.body.classList.toggle("menu-open", open);
+    });
+    document.addEventListener("keydown", function (e) {
+      if (e.key === "Escape" && document.body.classList.contains("menu-open")) {
+        button.setAttribute("aria-expanded", "false");
+        document.body.classList.remove("menu-open");
+        button.focus();
+      }
+    });
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+})();
