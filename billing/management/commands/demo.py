@@ -333,10 +333,13 @@ class Command(BaseCommand):
 
         Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)  # whitenoise warns
         application = WSGIHandler()
+        quiet: dict[str, int] = {}
         if opts["verbosity"] < 2:
             # Agents push every minute and rollups run every 30 s; a line for each would
-            # bury the URL.
+            # bury the URL. Put back when serving ends (the command may run in a process
+            # that goes on, a test's).
             for name in ("gpufleet.access", "django.server", "telemetry.rollup"):
+                quiet[name] = logging.getLogger(name).level
                 logging.getLogger(name).setLevel(logging.WARNING)
         server = None
         port = opts["port"]
@@ -395,6 +398,8 @@ class Command(BaseCommand):
             stop.set()
             server.shutdown()
             server.server_close()
+            for name, level in quiet.items():
+                logging.getLogger(name).setLevel(level)
 
 
 def _unsent(fleet: Any, sent: Counter[str], *, intervals: int, interval_s: int) -> list[str]:
