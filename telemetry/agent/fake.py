@@ -1091,6 +1091,18 @@ PRESETS = {
         "nodes=1,gpus=8,model=RTX4090,pattern=notebook,site=ams1"
     ),
     "small": "nodes=1,gpus=2,model=H100,pattern=training",
+    # 6 nodes × 8 GPUs that say who holds them (DESIGN §8.1): Slurm jobs on the training nodes
+    # (one GPU's job starves on its data loader at ~30 %), a Slurm job holding all 8 GPUs of a
+    # node and computing on one, Kubernetes pods serving inference, notebook users who hold
+    # their GPUs for days.
+    "workloads": (
+        "nodes=2,gpus=8,model=H100,pattern=training,site=fra1,workloads=1;"
+        "nodes=1,gpus=8,model=H100,pattern=training|training|training|starved|training|training|"
+        "training|training,site=fra1,workloads=1;"
+        "nodes=1,gpus=8,model=H100,pattern=hog,site=fra1,workloads=1;"
+        "nodes=1,gpus=8,model=H200,pattern=inference,site=fra1,workloads=1;"
+        "nodes=1,gpus=8,model=RTX4090,pattern=notebook,site=ams1,workloads=1"
+    ),
 }
 
 _REL = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd])$")

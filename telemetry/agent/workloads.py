@@ -591,11 +591,18 @@ class Discovery:
 
     def holders(self, uuid: str, pids: Iterable[int]) -> tuple[Workload, ...] | None:
         """The workloads holding GPU ``uuid`` in this second, its processes being ``pids``."""
-        found: dict[tuple[str, str], Workload] = {}
+        resolved: list[Workload] = []
         for pid in pids:
             w = self.resolver.resolve(pid)
             if w is None:
                 return None
+            resolved.append(w)
+        if self.resolver.aliases_version != self._alias_version:
+            # a process just said that its job is an array task: from now on (this GPU too)
+            # the job goes by that id, and so does its allocation
+            self._rebuild(self._allocs, self._gpus)
+        found: dict[tuple[str, str], Workload] = {}
+        for w in resolved:
             c = self.canonical(w)
             found.setdefault((c.kind, c.id), c)
         for w in self._by_gpu.get(uuid, ()):
