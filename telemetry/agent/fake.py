@@ -191,6 +191,7 @@ _POD_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 # Slurm job ids: period × 10,000 + kind × 1,000 + the GPU's ordinal (below 1,000), so two jobs
 # never share an id (the server identifies a workload by site, kind and id).
 _RUN, _RESERVATION, _BATCH, _HOG = 0, 1, 2, 3
+_POD, _NOTEBOOK = 4, 5  # not Slurm jobs: no id of this form
 _NO_HOLDERS: tuple[tuple[Workload, ...], tuple[Workload, ...]] = ((), ())
 
 
@@ -381,6 +382,7 @@ class PatternGpu(FakeGpu):
         self.node_ordinal = node_ordinal
         self._hm = -1
         self._hv = _NO_HOLDERS
+        self._who_cache: dict[tuple[int, int], Workload] = {}  # (kind, period) → workload
         self._slots: dict[int, bool] = {}
         self._day = -1
         self._begin = self._length = 0
@@ -547,36 +549,50 @@ class PatternGpu(FakeGpu):
         return self._hv
 
     def _who(self, m: int, procs: int) -> tuple[tuple[Workload, ...], tuple[Workload, ...]]:
-        key, ordinal, pattern = self.key, self.ordinal, self.pattern
+        pattern = self.pattern
         if pattern == "hog":
-            # the node's job, resubmitted every two days, named by the node
-            job = _slurm_job(self.node_key, self.node_ordinal, _HOG, m // 2880, _HOG_NAMES)
+            job = self._cached(_HOG, m // 2880)  # the node's job, resubmitted every two days
             return ((job,) if procs else ()), (job,)
         if not procs:
             return _NO_HOLDERS
-        w: Workload
         if pattern in ("training", "starved"):
             slot = m // 360
-            names = _TRAIN_NAMES if pattern == "training" else _STARVED_NAMES
-            if self._busy_slot(slot):
-                w = _slurm_job(key, ordinal, _RUN, self._run_start(slot), names)
-            else:
-                w = _slurm_job(key, ordinal, _RESERVATION, slot, ("interactive",))
-        elif pattern == "batch":
-            w = _slurm_job(key, ordinal, _BATCH, m // 1440, _BATCH_NAMES)
-        elif pattern == "inference":
-            # a model server's pod, redeployed every week
+            return (self._cached(_RUN if self._busy_slot(slot) else _RESERVATION, slot),), ()
+        if pattern == "batch":
+            return (self._cached(_BATCH, m // 1440),), ()
+        if pattern == "inference":
+            return (self._cached(_POD, m // 10080),), ()  # a model server, redeployed weekly
+        return (self._cached(_NOTEBOOK, 0),), ()  # a user's kernel, on no scheduler
+
+    def _cached(self, kind: int, period: int) -> Workload:
+        w = self._who_cache.get((kind, period))
+        if w is None:
+            if len(self._who_cache) >= 1024:
+                self._who_cache.clear()
+            w = self._who_cache[(kind, period)] = self._workload(kind, period)
+        return w
+
+    def _workload(self, kind: int, period: int) -> Workload:
+        key, ordinal = self.key, self.ordinal
+        if kind == _HOG:
+            return _slurm_job(self.node_key, self.node_ordinal, _HOG, period, _HOG_NAMES)
+        if kind == _RUN:
+            names = _TRAIN_NAMES if self.pattern == "training" else _STARVED_NAMES
+            return _slurm_job(key, ordinal, _RUN, self._run_start(period), names)
+        if kind == _RESERVATION:
+            return _slurm_job(key, ordinal, _RESERVATION, period, ("interactive",))
+        if kind == _BATCH:
+            return _slurm_job(key, ordinal, _BATCH, period, _BATCH_NAMES)
+        if kind == _POD:
             namespace, deployment = _pick(_SERVICES, key, 7)
-            week = m // 10080
-            replicaset = f"{_mix(key, 8, week) % 16**9:09x}"
-            x = _mix(key, 9, week)
+            replicaset = f"{_mix(key, 8, period) % 16**9:09x}"
+            x = _mix(key, 9, period)
             suffix = "".join(_POD_CHARS[(x >> (6 * i)) % len(_POD_CHARS)] for i in range(5))
-            pod = f"{deployment}-{replicaset}-{suffix}"
-            w = Workload("k8s", f"{namespace}/{pod}", account=namespace)
-        else:  # notebook: a user's kernel, on no scheduler
-            user = _pick(_USERS, key, 10)
-            w = Workload("user", user, user=user)
-        return (w,), ()
+            return Workload(
+                "k8s", f"{namespace}/{deployment}-{replicaset}-{suffix}", account=namespace
+            )
+        user = _pick(_USERS, key, 10)
+        return Workload("user", user, user=user)
 
     def _run_start(self, slot: int) -> int:
         """The first slot of the run that ``slot`` is part of (consecutive busy slots)."""

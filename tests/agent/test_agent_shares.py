@@ -305,3 +305,31 @@ def test_strings_are_made_what_the_server_takes() -> None:
     assert_server_accepts(
         {"gpu": "GPU-edge", "start": START, "seconds": 3, "util_pct": 33.3, "workloads": rows}
     )
+
+
+def test_whatever_the_sources_say_the_server_takes_it() -> None:
+    """Seeded random seconds: 0–40 workloads each, ids and names of any characters and any
+    length (controls, surrogates, no-break spaces, 300 characters), duplicates, unknown
+    kinds, utilisation 0–100 or missing: every sample is one the server accepts."""
+    import random
+
+    rng = random.Random(14)
+    alphabet = "ab-_/ .\t\n\x00\x7f\u00a0é中\ud800" + "0123456789"
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.choice((0, 1, 5, 40, 300))))
+
+    pool = [
+        Workload(rng.choice(("slurm", "k8s", "container", "user", "vm")), text(), text(), text())
+        for _ in range(80)
+    ]
+    for _ in range(60):
+        seconds = rng.choice((1, 7, 60, 300))
+        sums: dict[tuple[str, str], WorkloadSum] = {}
+        for _ in range(seconds):
+            held = tuple(rng.choice(pool) for _ in range(rng.randint(0, 40)))
+            hold(sums, held, rng.choice((0.0, 37.5, 100.0)), 1)
+        rows = workloads_wire(sums, seconds, "GPU-fuzz")
+        assert_server_accepts(
+            {"gpu": "GPU-f", "start": START, "seconds": seconds, "util_pct": 1.0, "workloads": rows}
+        )
