@@ -18,7 +18,8 @@ tick. On GPUs where ``nvmlGpmQueryDeviceSupport`` says so it also fills the prof
 from GPM (gpm.py); where GPM is missing or fails, those fields stay ``None`` and nothing else
 changes. Given a :class:`~.workloads.Discovery`, it also says who held each GPU: the workloads
 of the compute and graphics processes NVML lists on it, and the allocations naming it
-(``None`` where the process list cannot be read, as on a MIG-enabled GPU).
+(``None`` where the process list cannot be read: NOT_SUPPORTED, or NO_PERMISSION as NVML
+answers an unprivileged caller for a MIG-enabled GPU's whole handle).
 """
 
 from __future__ import annotations

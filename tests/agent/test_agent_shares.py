@@ -200,8 +200,9 @@ def test_allocation_files_malformed_unknown_gpu_or_removed_mid_interval(
 
 
 def test_a_gpu_whose_processes_cannot_be_listed_sends_no_workloads(tmp_path: Path) -> None:
-    """A MIG-enabled GPU answers NOT_SUPPORTED for its process list: who held it cannot be
-    told, so the sample has no key (the server's procs / memory rule), allocation or not."""
+    """NVML answers NOT_SUPPORTED for the process list (or NO_PERMISSION, as for a MIG-enabled
+    GPU's whole handle to an unprivileged caller): who held it cannot be told, so the sample has
+    no key (the server's procs / memory rule), allocation or not."""
     node = Node(tmp_path, [gpu(0, const(0), const([]), unsupported=["procs"])])
     node.allocate("slurm-1.json", {"kind": "slurm", "id": "1", "gpus": [0]})
     s = node.run()[uuid(0)]
