@@ -664,6 +664,8 @@ class PatternGpu(FakeGpu):
         acc = Accumulator(w0)
         uns = self.unsupported
         old = self.old_driver
+        # who holds it, where the process list can be read (else the agent cannot tell)
+        who = self.workloads and "procs" not in uns
         util_n = thr_n = 0
         util_sum = mu_sum = power_sum = clock_sum = 0
         thr = [0, 0, 0, 0, 0]
@@ -681,7 +683,7 @@ class PatternGpu(FakeGpu):
             jp = 2000 if p >= 4000 else 0
             util_sum += u * n + j * alt
             util_n += n
-            if self.workloads:
+            if who:
                 held = self._held(base)
                 if held:
                     hold(acc.wl, held, float(u * n + j * alt), n)
@@ -742,7 +744,7 @@ class PatternGpu(FakeGpu):
             acc.thr, acc.thr_n = thr, thr_n
         if any(acc.prof_cnt):
             acc.prof_n = n_all  # every second has a GPM pair (gpm_fail is not modelled here)
-        if self.workloads:
+        if who:
             acc.wl_n = n_all
         return finalise(self.uuid, acc)
 
