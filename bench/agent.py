@@ -16,19 +16,26 @@ Measurements, each beside its raw reference in the same run:
    pod labels, served from another thread over HTTP on 127.0.0.1), against the raw reference:
    the same GET and prometheus_client's parser walking every sample. CPU of the ticking
    thread only (``time.thread_time``), so the exporter's own work is not counted.
-3. The real processes, measured from /proc (CPU = utime + stime after start-up; RSS = VmRSS and
+3. In process, NVML with workload discovery (DESIGN §8.1): the full tick on 8 GPUs, each
+   listing ``--procs-per-gpu`` real processes of this machine (read through the real /proc:
+   their start time every second, their cgroup, status and environment once), with an
+   allocation file naming every GPU; against the raw reference: the same NVML calls plus the
+   graphics process list, a read of each listed process's /proc/<pid>/stat (what telling a
+   reused pid costs) and a stat of the allocation directory.
+4. The real processes, measured from /proc (CPU = utime + stime after start-up; RSS = VmRSS and
    VmHWM), pushing to a local HTTP server: ``gpufleet-agent --fake`` (GPM on) with its clock
    sped up, and ``gpufleet-agent --source dcgm`` against the fake exporter at the real 1 Hz.
 
 Also prints the simulator's speed (samples per second of ``simulate``) for the demo.
 
     python bench/agent.py [--gpus 8] [--ticks 3600] [--seconds 10] [--speed 30]
-                          [--dcgm-ticks 600] [--dcgm-seconds 30]
+                          [--dcgm-ticks 600] [--dcgm-seconds 30] [--procs-per-gpu 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -49,9 +56,10 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from telemetry.agent.agent import Agent  # noqa: E402
 from telemetry.agent.clock import VirtualClock  # noqa: E402
 from telemetry.agent.dcgm import DcgmSource, Scraper  # noqa: E402
-from telemetry.agent.fake import FakeFleet, simulate  # noqa: E402
+from telemetry.agent.fake import FakeFleet, FakeNvml, ScriptedGpu, simulate  # noqa: E402
 from telemetry.agent.fake_dcgm import FakeExporter, exposition  # noqa: E402
 from telemetry.agent.gpm import METRICS  # noqa: E402
+from telemetry.agent.workloads import AllocationDir, Discovery, ProcResolver  # noqa: E402
 
 T0 = 1796029200
 GOAL_TICK_S = 0.02  # 2 % of one core at one tick a second
@@ -115,10 +123,12 @@ def per_tick(clock: VirtualClock, ticks: int, tick: Callable[[int], Any]) -> flo
     return (time.thread_time() - c0) / ticks
 
 
-def agent_per_tick(source: Any, clock: VirtualClock, ticks: int) -> float:
+def agent_per_tick(
+    source: Any, clock: VirtualClock, ticks: int, workloads: Discovery | None = None
+) -> float:
     """The whole agent tick (source, summariser, spool writes) after a minute's warm-up."""
     with tempfile.TemporaryDirectory() as d:
-        agent = Agent(source, spool_dir=d, clock=clock)
+        agent = Agent(source, spool_dir=d, clock=clock, workloads=workloads)
         for t in range(T0 - 60, T0):
             clock.set(t + 0.001)
             agent.tick(t)
@@ -138,6 +148,57 @@ def in_process(gpus: int, ticks: int, gpm: bool = False) -> tuple[float, float]:
     handles = [api.nvmlDeviceGetHandleByIndex(i) for i in range(gpus)]
     raw_gpm = [RawGpm(api) for _ in handles] if gpm else None
     raw_s = per_tick(clock, ticks, lambda t: raw_reference(api, handles, raw_gpm))
+    return tick_s, raw_s
+
+
+def discovery_node(gpus: int, per_gpu: int) -> tuple[list[ScriptedGpu], list[list[int]]]:
+    """The fake fleet's GPUs, each listing ``per_gpu`` real processes of this machine (the
+    first pids of the real /proc that are still there)."""
+    node = FakeFleet(spec(gpus), seed=1, epoch=T0)
+    pattern = node.node(node.nodes[0]).gpus
+    pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())[: gpus * per_gpu]
+    if len(pids) < gpus * per_gpu:
+        raise SystemExit(f"this machine runs fewer than {gpus * per_gpu} processes")
+    by_gpu = [pids[i * per_gpu : (i + 1) * per_gpu] for i in range(gpus)]
+
+    def listing(p: list[int]) -> Callable[[int], list[int]]:
+        return lambda t: p
+
+    scripted = [
+        ScriptedGpu(g.uuid, g.index, g.model, g.second, pids=listing(p))
+        for g, p in zip(pattern, by_gpu, strict=True)
+    ]
+    return scripted, by_gpu
+
+
+def in_process_discovery(gpus: int, ticks: int, per_gpu: int) -> tuple[float, float]:
+    """CPU per tick of the agent with workload discovery, and of the raw reference."""
+    scripted, by_gpu = discovery_node(gpus, per_gpu)
+    with tempfile.TemporaryDirectory() as alloc:
+        job = {"kind": "slurm", "id": "48213", "user": "alice", "gpus": list(range(gpus))}
+        Path(alloc, "slurm-48213.json").write_text(json.dumps(job))
+        # the hooks wrote it a while ago: the directory's mtime is not recent (steady state)
+        old = time.time() - 60
+        os.utime(alloc, (old, old))
+        clock = VirtualClock(T0)
+        discovery = Discovery(ProcResolver("/proc"), AllocationDir(alloc))
+        tick_s = agent_per_tick(FakeNvml(scripted, clock.time), clock, ticks, discovery)
+
+        clock = VirtualClock(T0)
+        api = FakeNvml(scripted, clock.time)
+        api.nvmlInit()
+        handles = [api.nvmlDeviceGetHandleByIndex(i) for i in range(gpus)]
+
+        def raw(t: int) -> None:
+            raw_reference(api, handles)
+            for h, pids in zip(handles, by_gpu, strict=True):
+                api.nvmlDeviceGetGraphicsRunningProcesses(h)
+                for pid in pids:
+                    with open(f"/proc/{pid}/stat", "rb") as f:
+                        f.read(4096)
+            os.stat(alloc)
+
+        raw_s = per_tick(clock, ticks, raw)
     return tick_s, raw_s
 
 
@@ -255,6 +316,7 @@ def main() -> None:
     ap.add_argument("--speed", type=float, default=30.0)
     ap.add_argument("--dcgm-ticks", type=int, default=600)
     ap.add_argument("--dcgm-seconds", type=float, default=30.0)
+    ap.add_argument("--procs-per-gpu", type=int, default=2)
     args = ap.parse_args()
     n = args.gpus
 
@@ -265,6 +327,16 @@ def main() -> None:
         report_in_process(
             f"in process, NVML, {n} GPUs, {with_gpm}, {args.ticks} ticks:", tick_s, raw_s, what
         )
+
+    tick_s, raw_s = in_process_discovery(n, args.ticks, args.procs_per_gpu)
+    report_in_process(
+        f"in process, NVML with workload discovery, {n} GPUs × {args.procs_per_gpu} real "
+        f"processes (/proc), an allocation file, {args.ticks} ticks:",
+        tick_s,
+        raw_s,
+        "raw NVML + /proc",
+    )
+    print(f"  goal (< 2 % of a core): {'met' if tick_s < GOAL_TICK_S else 'NOT met'}")
 
     tick_s, raw_s, size = dcgm_in_process(n, args.dcgm_ticks)
     report_in_process(
@@ -296,17 +368,18 @@ def main() -> None:
         exporter.down()
 
     start = datetime(2026, 11, 1, tzinfo=UTC)
-    c0, w0 = time.process_time(), time.perf_counter()
-    count = sum(
-        len(p["samples"])
-        for _, p in simulate("demo", start=start, end=start + timedelta(days=1), seed=1)
-    )
-    dt, wall = time.process_time() - c0, time.perf_counter() - w0
-    print(
-        f"simulate('demo'), 64 GPUs × 1 day at 60 s: {count} samples, "
-        f"{dt:.2f} s CPU ({wall:.2f} s wall)"
-    )
-    print(f"  {count / dt:,.0f} samples per CPU second; 30 days ≈ {dt * 30:.0f} s CPU")
+    for preset, what in (("demo", "64 GPUs"), ("workloads", "48 GPUs, with workloads")):
+        c0, w0 = time.process_time(), time.perf_counter()
+        count = sum(
+            len(p["samples"])
+            for _, p in simulate(preset, start=start, end=start + timedelta(days=1), seed=1)
+        )
+        dt, wall = time.process_time() - c0, time.perf_counter() - w0
+        print(
+            f"simulate({preset!r}), {what} × 1 day at 60 s: {count} samples, "
+            f"{dt:.2f} s CPU ({wall:.2f} s wall)"
+        )
+        print(f"  {count / dt:,.0f} samples per CPU second; 30 days ≈ {dt * 30:.0f} s CPU")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from .nvml import Collector, NvmlApi
 from .source import Source
 from .spool import Spool
 from .summarise import Summariser
+from .workloads import Discovery
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -58,11 +59,16 @@ class Agent:
         max_batch: int = 1000,
         spool_max_samples: int = 200_000,
         max_backoff_s: float = 300.0,
+        workloads: Discovery | None = None,
     ) -> None:
+        """``workloads``: who holds each GPU (DESIGN §8.1), for an NVML backend; a source of
+        its own (dcgm) says it on its readings or not at all."""
         self.clock: Clock = clock or RealClock()
         # an NVML backend (pynvml, or fake.FakeNvml) is read through the NVML collector
         self.source: Source = (
-            source if isinstance(source, Source) else Collector(source, clock=self.clock.time)
+            source
+            if isinstance(source, Source)
+            else Collector(source, clock=self.clock.time, workloads=workloads)
         )
         self.summariser = Summariser(interval_s)
         self.interval_s = interval_s

@@ -2,10 +2,11 @@
 
     gpufleet-agent --server URL --token TOKEN [--interval 60] [--spool DIR]
                    [--once --print] [--fake SPEC] [--source nvml|dcgm] [--dcgm-url URL]
+                   [--alloc-dir DIR] [--proc-root DIR]
 
 Environment variables stand in for the flags: GPUFLEET_SERVER, GPUFLEET_TOKEN,
-GPUFLEET_INTERVAL, GPUFLEET_SPOOL, GPUFLEET_FAKE, GPUFLEET_SOURCE, GPUFLEET_DCGM_URL (and
-GPUFLEET_HOSTNAME, GPUFLEET_LOG_LEVEL).
+GPUFLEET_INTERVAL, GPUFLEET_SPOOL, GPUFLEET_FAKE, GPUFLEET_SOURCE, GPUFLEET_DCGM_URL,
+GPUFLEET_ALLOC_DIR, GPUFLEET_PROC_ROOT (and GPUFLEET_HOSTNAME, GPUFLEET_LOG_LEVEL).
 For tests and demos of the fake fleet: GPUFLEET_FAKE_SEED, GPUFLEET_FAKE_SPEED (simulated
 seconds per real second) and GPUFLEET_FAKE_EPOCH (Unix seconds or ISO time anchoring
 the fleet's relative fault times and the sped-up clock).
@@ -19,6 +20,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -32,6 +34,13 @@ from .clock import Clock, RealClock, ScaledClock, VirtualClock
 from .dcgm import DEFAULT_URL, DcgmSource
 from .nvml import NvmlApi, PynvmlApi
 from .source import Source
+from .workloads import (
+    DEFAULT_ALLOC_DIR,
+    DEFAULT_PROC_ROOT,
+    AllocationDir,
+    Discovery,
+    ProcResolver,
+)
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -87,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("GPUFLEET_DCGM_URL") or DEFAULT_URL,
         help=f"with --source dcgm: the exporter's metrics URL (default {DEFAULT_URL})",
     )
+    p.add_argument(
+        "--alloc-dir",
+        default=env("GPUFLEET_ALLOC_DIR") or DEFAULT_ALLOC_DIR,
+        help="with NVML: the directory of allocation files a scheduler hook writes (docs/slurm/; "
+        f"default {DEFAULT_ALLOC_DIR})",
+    )
+    p.add_argument(
+        "--proc-root",
+        default=env("GPUFLEET_PROC_ROOT") or DEFAULT_PROC_ROOT,
+        help="with NVML: where to read processes' cgroups and users (default /proc)",
+    )
     p.add_argument("--hostname", default=env("GPUFLEET_HOSTNAME"), help="override the hostname")
     p.add_argument(
         "--spool-max-samples",
@@ -111,12 +131,20 @@ def _epoch(v: str | None) -> float | None:
         return float(parse_time(v, 0))
 
 
-def _setup(args: argparse.Namespace) -> tuple[Source | NvmlApi, Clock, str | None]:
-    """The source (or NVML backend), the clock and the default hostname for these arguments."""
+def _setup(
+    args: argparse.Namespace,
+) -> tuple[Source | NvmlApi, Clock, str | None, Discovery | None]:
+    """The source (or NVML backend), the clock, the default hostname and the workload
+    discovery for these arguments."""
     if args.source == "dcgm":
-        return DcgmSource(args.dcgm_url), RealClock(), None
+        return DcgmSource(args.dcgm_url), RealClock(), None, None
     if not args.fake:
-        return PynvmlApi(), RealClock(), None
+        # who holds each GPU: its processes through /proc, and the scheduler's allocations
+        discovery = Discovery(
+            ProcResolver(args.proc_root, hostname=socket.gethostname()),
+            AllocationDir(args.alloc_dir),
+        )
+        return PynvmlApi(), RealClock(), None, discovery
     from .fake import FakeFleet
 
     speed = float(os.environ.get("GPUFLEET_FAKE_SPEED") or 1.0)
@@ -137,7 +165,10 @@ def _setup(args: argparse.Namespace) -> tuple[Source | NvmlApi, Clock, str | Non
     hostname = args.hostname or fleet.nodes[0]
     if hostname not in fleet.nodes:
         raise SystemExit(f"gpufleet-agent: {hostname!r} is not in the fake fleet {fleet.nodes}")
-    return fleet.backend(hostname, clock.time), clock, hostname
+    api = fleet.backend(hostname, clock.time)
+    # the fake's own processes and allocations (spec option workloads=1), never this host's
+    fake_discovery = api.discovery() if fleet.has_workloads(hostname) else None
+    return api, clock, hostname, fake_discovery
 
 
 def run_once(agent: Agent, clock: Clock) -> list[dict[str, Any]]:
@@ -192,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        source, clock, fake_host = _setup(args)
+        source, clock, fake_host, discovery = _setup(args)
     except (RuntimeError, ValueError) as e:  # a bad URL or spec, prometheus-client missing
         print(f"gpufleet-agent: {e}", file=sys.stderr)
         return 2
@@ -206,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         clock=clock,
         max_batch=args.batch_size,
         spool_max_samples=args.spool_max_samples,
+        workloads=discovery,
     )
     try:
         if args.once:

@@ -12,6 +12,14 @@ and the minute), with a small zero-sum jitter inside the minute: utilisation alt
 in closed form, so for any interval the tick-by-tick agent and ``simulate`` produce the same
 sample (asserted in tests/agent/test_agent_fake.py).
 
+Workloads (DESIGN §8.1): GPUs of a group with ``workloads=1`` say who holds them. Each pattern
+has its story: training, starved and batch GPUs run Slurm jobs, inference GPUs Kubernetes pods,
+notebook GPUs a user's kernel, and ``hog`` GPUs belong to one Slurm job that holds every GPU of
+its node by allocation and computes on GPU 0 only. The fake NVML lists one process per workload
+with a process on the GPU (:class:`FakeProcesses` maps its pid back), :class:`FakeAllocations`
+gives the allocations; ``simulate`` adds the same shares in closed form. Names, users, accounts
+and job ids are pure functions of the seed, the GPU and the time.
+
 GPM: GPUs of a model that has it (Hopper: H100, H200), in a group with ``gpm=1``, answer
 ``nvmlGpmQueryDeviceSupport`` with 1 and report SM, tensor and DRAM activity derived from their
 pattern; every other GPU answers 0. ``FakeNvml(..., gpm_library=False)`` is a library without
@@ -25,7 +33,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,12 +41,17 @@ from typing import Any
 import pynvml
 
 from . import __version__
+from .source import Workload
 from .summarise import (
     REASON_GPU_IDLE,
     Accumulator,
+    WorkloadSum,
     finalise,
+    hold,
     iso,
+    workloads_wire,
 )
+from .workloads import Allocation, Discovery
 
 _M64 = (1 << 64) - 1
 
@@ -127,7 +140,7 @@ def model(key: str) -> GpuModel:
     return MODELS[k]
 
 
-PATTERNS = ("training", "inference", "batch", "notebook", "parked", "mixed")
+PATTERNS = ("training", "inference", "batch", "notebook", "parked", "starved", "hog", "mixed")
 _MIXED_CHOICES = ("training", "training", "inference", "notebook", "batch", "parked", "inference")
 DRIVER_VERSION = "550.54.15"
 
@@ -161,7 +174,40 @@ _PROF_SHAPE = {
     "batch": (68, 20, 50),
     "notebook": (30, 10, 25),
     "parked": (0, 0, 0),
+    "starved": (62, 70, 45),
+    "hog": (62, 70, 45),
 }
+
+# Who the fake workloads are (DESIGN §8.1), picked per GPU and time from the seed.
+_USERS = ("alice", "bob", "chen", "dana", "emeka", "farah", "goran", "hana", "ivan", "jun")
+_ACCOUNTS = ("nlp", "vision", "speech", "recsys")
+_TRAIN_NAMES = ("train-llm", "pretrain-vit", "finetune-7b", "asr-conformer", "dlrm-sweep")
+_STARVED_NAMES = ("train-video-diffusion", "pretrain-multimodal")
+_BATCH_NAMES = ("nightly-eval", "embed-corpus", "batch-infer")
+_HOG_NAMES = ("llm-sweep-8gpu",)
+_SERVICES = (("inference", "vllm-llama3-70b"), ("search", "triton-embed"), ("chat", "tgi-mixtral"))
+# the characters Kubernetes uses for the random suffix of a pod name
+_POD_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+# Slurm job ids: period × 10,000 + kind × 1,000 + the GPU's ordinal (below 1,000), so two jobs
+# never share an id (the server identifies a workload by site, kind and id).
+_RUN, _RESERVATION, _BATCH, _HOG = 0, 1, 2, 3
+_POD, _NOTEBOOK = 4, 5  # not Slurm jobs: no id of this form
+_NO_HOLDERS: tuple[tuple[Workload, ...], tuple[Workload, ...]] = ((), ())
+
+
+def _pick(options: Sequence[Any], *xs: int) -> Any:
+    return options[_mix(*xs) % len(options)]
+
+
+def _slurm_job(key: int, ordinal: int, kind: int, period: int, names: Sequence[str]) -> Workload:
+    """A Slurm job of one kind (a run, a reservation, a nightly batch, the hog) in one period."""
+    return Workload(
+        "slurm",
+        str(period * 10_000 + kind * 1000 + ordinal % 1000),
+        user=_pick(_USERS, key, kind, period, 1),
+        account=_pick(_ACCOUNTS, key, kind, period, 2),
+        name=_pick(names, key, kind, period, 3),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,6 +258,19 @@ class FakeGpu:
         """GPM metrics over second ``[t, t+1)``, in % (only asked of GPUs with ``gpm``)."""
         return _NO_PROF
 
+    def compute_pids(self, t: int) -> Sequence[int] | None:
+        """The compute processes in second ``t``; ``None``: as many as ``second(t)`` counts,
+        or one per workload with a process (:meth:`holders`)."""
+        return None
+
+    def graphics_pids(self, t: int) -> Sequence[int]:
+        return ()
+
+    def holders(self, t: int) -> tuple[tuple[Workload, ...], tuple[Workload, ...]] | None:
+        """Who holds the GPU in second ``t``: (workloads with a process on it, workloads
+        holding it by allocation alone); ``None`` where the GPU does not say."""
+        return None
+
     # -- energy counter ---------------------------------------------------------------------
 
     def energy_offset(self) -> int:
@@ -258,13 +317,18 @@ class ScriptedGpu(FakeGpu):
         *,
         energy: Callable[[int], int] | None = None,
         prof: Callable[[int], Prof] | None = None,
+        pids: Callable[[int], Sequence[int]] | None = None,
+        graphics: Callable[[int], Sequence[int]] | None = None,
         **kw: Any,
     ) -> None:
-        """``prof(t)``, when given, makes the GPU one with GPM and says its metrics."""
+        """``prof(t)``, when given, makes the GPU one with GPM and says its metrics;
+        ``pids(t)`` / ``graphics(t)`` the compute / graphics processes NVML lists."""
         super().__init__(uuid, index, gpu_model, gpm=prof is not None, **kw)
         self._script = script
         self._energy = energy
         self._prof = prof
+        self._pids = pids
+        self._graphics = graphics
 
     def second(self, t: int) -> tuple[int, int, int, int, int, int, int, int]:
         return self._script(t)
@@ -276,6 +340,12 @@ class ScriptedGpu(FakeGpu):
 
     def prof(self, t: int) -> Prof:
         return self._prof(t) if self._prof is not None else _NO_PROF
+
+    def compute_pids(self, t: int) -> Sequence[int] | None:
+        return self._pids(t) if self._pids is not None else None
+
+    def graphics_pids(self, t: int) -> Sequence[int]:
+        return self._graphics(t) if self._graphics is not None else ()
 
 
 class PatternGpu(FakeGpu):
@@ -290,8 +360,14 @@ class PatternGpu(FakeGpu):
         key: int,
         *,
         power_throttle: bool = False,
+        workloads: bool = False,
+        ordinal: int = 0,
+        node_key: int = 0,
+        node_ordinal: int = 0,
         **kw: Any,
     ) -> None:
+        """``workloads``: say who holds the GPU (:meth:`holders`); ``ordinal`` numbers the GPU
+        in its fleet, ``node_key`` / ``node_ordinal`` its node (for the workloads' ids)."""
         super().__init__(uuid, index, gpu_model, **kw)
         if pattern == "mixed":
             pattern = _MIXED_CHOICES[_mix(key, 9) % len(_MIXED_CHOICES)]
@@ -300,6 +376,13 @@ class PatternGpu(FakeGpu):
         self.pattern = pattern
         self.key = key
         self.power_throttle = power_throttle
+        self.workloads = workloads
+        self.ordinal = ordinal
+        self.node_key = node_key
+        self.node_ordinal = node_ordinal
+        self._hm = -1
+        self._hv = _NO_HOLDERS
+        self._who_cache: dict[tuple[int, int], Workload] = {}  # (kind, period) → workload
         self._slots: dict[int, bool] = {}
         self._day = -1
         self._begin = self._length = 0
@@ -314,6 +397,8 @@ class PatternGpu(FakeGpu):
             "batch": 0.7,
             "notebook": 0.25 + 0.2 * _unit(key, 6),
             "parked": 0.0,
+            "starved": 0.92,
+            "hog": 0.92 if index == 0 else 0.0,
         }[pattern]
         self._fn = {
             "training": self._training,
@@ -321,6 +406,8 @@ class PatternGpu(FakeGpu):
             "batch": self._batch,
             "notebook": self._notebook,
             "parked": self._parked,
+            "starved": self._starved,
+            "hog": self._hog,
         }[pattern]
 
     # each returns (util %, procs, memory fraction, hash for noise)
@@ -334,6 +421,12 @@ class PatternGpu(FakeGpu):
         return b
 
     def _training(self, m: int) -> tuple[int, int, float, int]:
+        return self._runs(m, 90)
+
+    def _starved(self, m: int) -> tuple[int, int, float, int]:
+        return self._runs(m, 26)  # training that waits on its data loader: 26–34 %
+
+    def _runs(self, m: int, util: int) -> tuple[int, int, float, int]:
         key = self.key
         slot = m // 360  # 6-hour slots; a run lasts as long as consecutive busy slots
         h = _noise(key, m)
@@ -342,10 +435,22 @@ class PatternGpu(FakeGpu):
                 return 3, 1, 0.55, h  # job start: loading data and weights
             if m % 120 >= 118:
                 return 0, 1, self._mem_frac, h  # checkpoint stall every two hours
-            return 90 + h % 9, 1, self._mem_frac, h
-        if _unit(key, 3, slot) < 0.3:
+            return util + h % 9, 1, self._mem_frac, h
+        if self._reserved(slot):
             return 0, 1, 0.35, h  # reserved between runs, nothing computing
         return 0, 0, 0.0, h
+
+    def _reserved(self, slot: int) -> bool:
+        return _unit(self.key, 3, slot) < 0.3
+
+    def _hog(self, m: int) -> tuple[int, int, float, int]:
+        # one job holds every GPU of the node and computes on GPU 0 only
+        h = _noise(self.key, m)
+        if self.index:
+            return 0, 0, 0.0, h
+        if m % 120 >= 118:
+            return 0, 1, self._mem_frac, h  # checkpoint stall every two hours
+        return 90 + h % 9, 1, self._mem_frac, h
 
     def _inference(self, m: int) -> tuple[int, int, float, int]:
         h = _noise(self.key, m)
@@ -431,6 +536,79 @@ class PatternGpu(FakeGpu):
         sm = u * per_util // 100
         return sm, sm * occupancy // 100, sm * tensor // 100, mu
 
+    # -- who holds it -----------------------------------------------------------------------
+
+    def holders(self, t: int) -> tuple[tuple[Workload, ...], tuple[Workload, ...]] | None:
+        """Constant within the minute; one workload with a process whenever the pattern has a
+        process on the GPU (so ``procs`` and the process list agree)."""
+        if not self.workloads:
+            return None
+        m = t // 60
+        if m != self._hm:
+            self._hm, self._hv = m, self._who(m, self.minute(m)[3])
+        return self._hv
+
+    def _who(self, m: int, procs: int) -> tuple[tuple[Workload, ...], tuple[Workload, ...]]:
+        pattern = self.pattern
+        if pattern == "hog":
+            job = self._cached(_HOG, m // 2880)  # the node's job, resubmitted every two days
+            return ((job,) if procs else ()), (job,)
+        if not procs:
+            return _NO_HOLDERS
+        if pattern in ("training", "starved"):
+            slot = m // 360
+            return (self._cached(_RUN if self._busy_slot(slot) else _RESERVATION, slot),), ()
+        if pattern == "batch":
+            return (self._cached(_BATCH, m // 1440),), ()
+        if pattern == "inference":
+            return (self._cached(_POD, m // 10080),), ()  # a model server, redeployed weekly
+        return (self._cached(_NOTEBOOK, 0),), ()  # a user's kernel, on no scheduler
+
+    def _cached(self, kind: int, period: int) -> Workload:
+        w = self._who_cache.get((kind, period))
+        if w is None:
+            if len(self._who_cache) >= 1024:
+                self._who_cache.clear()
+            w = self._who_cache[(kind, period)] = self._workload(kind, period)
+        return w
+
+    def _workload(self, kind: int, period: int) -> Workload:
+        key, ordinal = self.key, self.ordinal
+        if kind == _HOG:
+            return _slurm_job(self.node_key, self.node_ordinal, _HOG, period, _HOG_NAMES)
+        if kind == _RUN:
+            names = _TRAIN_NAMES if self.pattern == "training" else _STARVED_NAMES
+            return _slurm_job(key, ordinal, _RUN, self._run_start(period), names)
+        if kind == _RESERVATION:
+            return _slurm_job(key, ordinal, _RESERVATION, period, ("interactive",))
+        if kind == _BATCH:
+            return _slurm_job(key, ordinal, _BATCH, period, _BATCH_NAMES)
+        if kind == _POD:
+            namespace, deployment = _pick(_SERVICES, key, 7)
+            replicaset = f"{_mix(key, 8, period) % 16**9:09x}"
+            x = _mix(key, 9, period)
+            suffix = "".join(_POD_CHARS[(x >> (6 * i)) % len(_POD_CHARS)] for i in range(5))
+            return Workload(
+                "k8s", f"{namespace}/{deployment}-{replicaset}-{suffix}", account=namespace
+            )
+        user = _pick(_USERS, key, 10)
+        return Workload("user", user, user=user)
+
+    def _run_start(self, slot: int) -> int:
+        """The first slot of the run that ``slot`` is part of (consecutive busy slots)."""
+        start = slot
+        while self._busy_slot(start - 1) and slot - start < 400:
+            start -= 1
+        return start
+
+    def _held(self, t: int) -> tuple[Workload, ...]:
+        """Every workload holding the GPU in second ``t`` (processes and allocations)."""
+        held = self.holders(t)
+        if held is None:
+            return ()
+        procs, allocs = held
+        return procs + tuple(w for w in allocs if w not in procs)
+
     def window(self, w0: int, w1: int) -> dict[str, Any] | None:
         """The sample the agent would send for ``[w0, w1)``, in closed form."""
         if (
@@ -448,7 +626,7 @@ class PatternGpu(FakeGpu):
             for r in self.resets:
                 if w0 <= r - 1 < w1:
                     e = e / 60 * 60  # the counter went backwards: mean power × seconds
-            return {
+            s: dict[str, Any] = {
                 "gpu": self.uuid,
                 "start": iso(w0),
                 "seconds": 60,
@@ -468,6 +646,13 @@ class PatternGpu(FakeGpu):
                     "any": max(kp, kt, kh),
                 },
             }
+            if self.workloads:
+                sums: dict[tuple[str, str], WorkloadSum] = {}
+                held = self._held(w0)
+                if held:
+                    hold(sums, held, float(u * 60), 60)  # the jitter cancels over the minute
+                s["workloads"] = workloads_wire(sums, 60, self.uuid)
+            return s
         return self.window_generic(w0, w1)
 
     def window_generic(self, w0: int, w1: int) -> dict[str, Any] | None:
@@ -479,6 +664,8 @@ class PatternGpu(FakeGpu):
         acc = Accumulator(w0)
         uns = self.unsupported
         old = self.old_driver
+        # who holds it, where the process list can be read (else the agent cannot tell)
+        who = self.workloads and "procs" not in uns
         util_n = thr_n = 0
         util_sum = mu_sum = power_sum = clock_sum = 0
         thr = [0, 0, 0, 0, 0]
@@ -496,6 +683,10 @@ class PatternGpu(FakeGpu):
             jp = 2000 if p >= 4000 else 0
             util_sum += u * n + j * alt
             util_n += n
+            if who:
+                held = self._held(base)
+                if held:
+                    hold(acc.wl, held, float(u * n + j * alt), n)
             mu_sum += mu * n
             power_sum += p * n + jp * alt
             clock_sum += clock * n
@@ -553,6 +744,8 @@ class PatternGpu(FakeGpu):
             acc.thr, acc.thr_n = thr, thr_n
         if any(acc.prof_cnt):
             acc.prof_n = n_all  # every second has a GPM pair (gpm_fail is not modelled here)
+        if who:
+            acc.wl_n = n_all
         return finalise(self.uuid, acc)
 
 
@@ -571,6 +764,58 @@ class FakeHandle:
 class FakeProcess:
     pid: int
     usedGpuMemory: int  # pynvml's field name
+
+
+class FakeProcesses:
+    """The fake node's process table: one pid for each workload that has a process on one of
+    its GPUs, kept while the fake runs, and the resolver that maps it back (the part of
+    ``/proc`` the agent reads, as ``workloads.ProcResolver`` does on a real node)."""
+
+    def __init__(self) -> None:
+        self.aliases: dict[str, str] = {}
+        self.aliases_version = 0
+        self._pids: dict[Workload, int] = {}
+        self._workloads: dict[int, Workload] = {}
+
+    def pid_of(self, w: Workload) -> int:
+        pid = self._pids.get(w)
+        if pid is None:
+            pid = 100_000 + hash_str(f"{w.kind}/{w.id}") % 3_000_000
+            while pid in self._workloads:
+                pid += 1
+            self._pids[w] = pid
+            self._workloads[pid] = w
+        return pid
+
+    def resolve(self, pid: int) -> Workload | None:
+        return self._workloads.get(pid)
+
+    def tick(self) -> None:
+        pass
+
+
+class FakeAllocations:
+    """The allocations of the fake node's GPUs in the second the fake NVML describes."""
+
+    def __init__(self, gpus: Sequence[FakeGpu], clock: Callable[[], float]) -> None:
+        self.gpus = gpus
+        self.clock = clock
+        self._t: int | None = None
+        self._current: tuple[Allocation, ...] = ()
+
+    def allocations(self, now: float, gpus: Mapping[str, int]) -> Sequence[Allocation]:
+        t = int(math.floor(self.clock() + 1e-6)) - 1
+        if t != self._t:
+            self._t = t
+            by: dict[Workload, list[str]] = {}
+            for g in self.gpus:
+                held = g.holders(t)
+                for w in held[1] if held is not None else ():
+                    by.setdefault(w, []).append(g.uuid)
+            current = tuple(Allocation(w, tuple(u), origin="fake") for w, u in by.items())
+            if current != self._current:
+                self._current = current
+        return self._current
 
 
 @dataclass
@@ -606,6 +851,11 @@ class FakeNvml:
         self.generation = 0
         self.outages: list[tuple[int, int]] = []
         self.calls = 0
+        self.processes = FakeProcesses()
+
+    def discovery(self) -> Discovery:
+        """Who holds these GPUs, as the agent's workload discovery sees it on a real node."""
+        return Discovery(self.processes, FakeAllocations(self.gpus, self.clock))
 
     def outage(self, start: float, end: float) -> None:
         """The driver is gone in ``[start, end)``: every call raises DriverNotLoaded, and
@@ -727,11 +977,25 @@ class FakeNvml:
         g, now = self._check(handle, "procs")
         return self._procs(g, now)
 
-    @staticmethod
-    def _procs(g: FakeGpu, now: int) -> list[FakeProcess]:
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> Sequence[Any]:
+        g, now = self._check(handle, "graphics_procs")
+        if g.old_driver:
+            raise pynvml.NVMLLibraryMismatchError("nvmlDeviceGetGraphicsRunningProcesses_v3")
+        return [FakeProcess(pid, 0) for pid in g.graphics_pids(now - 1)]
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any) -> Sequence[Any]:
+        g, now = self._check(handle, "graphics_procs")
+        return [FakeProcess(pid, 0) for pid in g.graphics_pids(now - 1)]
+
+    def _procs(self, g: FakeGpu, now: int) -> list[FakeProcess]:
         s = g.second(now - 1)
-        n = s[3]
-        return [FakeProcess(1000 + i, s[2] // max(n, 1)) for i in range(n)]
+        pids = g.compute_pids(now - 1)
+        if pids is None:
+            held = g.holders(now - 1)
+            if held is None:
+                return [FakeProcess(1000 + i, s[2] // max(s[3], 1)) for i in range(s[3])]
+            pids = [self.processes.pid_of(w) for w in held[0]]
+        return [FakeProcess(pid, s[2] // max(len(pids), 1)) for pid in pids]
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         g, now = self._check(handle, "power")
@@ -845,6 +1109,18 @@ PRESETS = {
         "nodes=1,gpus=8,model=RTX4090,pattern=notebook,site=ams1"
     ),
     "small": "nodes=1,gpus=2,model=H100,pattern=training",
+    # 6 nodes × 8 GPUs that say who holds them (DESIGN §8.1): Slurm jobs on the training nodes
+    # (one GPU's job starves on its data loader at ~30 %), a Slurm job holding all 8 GPUs of a
+    # node and computing on one, Kubernetes pods serving inference, notebook users who hold
+    # their GPUs for days.
+    "workloads": (
+        "nodes=2,gpus=8,model=H100,pattern=training,site=fra1,workloads=1;"
+        "nodes=1,gpus=8,model=H100,pattern=training|training|training|starved|training|training|"
+        "training|training,site=fra1,workloads=1;"
+        "nodes=1,gpus=8,model=H100,pattern=hog,site=fra1,workloads=1;"
+        "nodes=1,gpus=8,model=H200,pattern=inference,site=fra1,workloads=1;"
+        "nodes=1,gpus=8,model=RTX4090,pattern=notebook,site=ams1,workloads=1"
+    ),
 }
 
 _REL = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd])$")
@@ -878,6 +1154,7 @@ class GroupSpec:
     unsupported: list[str] = field(default_factory=list)
     old_driver: bool = False
     gpm: bool = False  # the group's GPUs have GPM, where their model does (Hopper)
+    workloads: bool = False  # the group's GPUs say who holds them (DESIGN §8.1)
 
 
 def _bool_nodes(v: Any) -> list[int]:
@@ -925,6 +1202,8 @@ def _group(d: dict[str, Any]) -> GroupSpec:
             setattr(g, k, str(v).strip())
         elif k == "gpm":
             g.gpm = bool(_bool_nodes(v))
+        elif k == "workloads":
+            g.workloads = bool(_bool_nodes(v))
         elif k in _FAULT_KEYS:
             faults[k] = v  # fault flags may sit in the group itself or under "faults"
         elif k != "faults":
@@ -976,7 +1255,13 @@ def parse_spec(spec: str | dict[str, Any] | list[Any]) -> list[GroupSpec]:
             raise ValueError("empty fleet spec")
         return groups
     if isinstance(spec, dict):
-        return parse_spec(spec.get("groups", [spec]))
+        if "groups" not in spec:
+            return parse_spec([spec])
+        raw = [dict(x) for x in spec["groups"]]
+        if "workloads" in spec:  # a default for the groups that do not say
+            for x in raw:
+                x.setdefault("workloads", spec["workloads"])
+        return parse_spec(raw)
     return [_group(dict(x)) for x in spec]
 
 
@@ -1037,6 +1322,7 @@ class FakeFleet:
         for grp in self.groups:
             gm = model(grp.model)
             for ni in range(grp.nodes):
+                node_ordinal = ordinal
                 per_site[grp.site] = per_site.get(grp.site, 0) + 1
                 hostname = f"gpu-{grp.site}-{per_site[grp.site]:02d}"
                 gpus: list[FakeGpu] = []
@@ -1059,6 +1345,10 @@ class FakeFleet:
                             unsupported=grp.unsupported,
                             old_driver=grp.old_driver,
                             gpm=grp.gpm and gm.gpm,
+                            workloads=grp.workloads,
+                            ordinal=ordinal,
+                            node_key=_mix(seed, node_ordinal, 0x99),
+                            node_ordinal=node_ordinal,
                         )
                     )
                     ordinal += 1
@@ -1073,6 +1363,10 @@ class FakeFleet:
 
     def backend(self, hostname: str, clock: Callable[[], float] = time.time) -> FakeNvml:
         return FakeNvml(self._nodes[hostname].gpus, clock)
+
+    def has_workloads(self, hostname: str) -> bool:
+        """Whether the node's GPUs say who holds them (``workloads=1`` in the spec)."""
+        return any(isinstance(g, PatternGpu) and g.workloads for g in self.node(hostname).gpus)
 
 
 def simulate(

@@ -16,7 +16,10 @@ NVML errors fall into three classes (plus transient ones):
 The collector is the agent's NVML source (source.py): one :class:`~.source.Reading` per GPU per
 tick. On GPUs where ``nvmlGpmQueryDeviceSupport`` says so it also fills the profiling fields
 from GPM (gpm.py); where GPM is missing or fails, those fields stay ``None`` and nothing else
-changes.
+changes. Given a :class:`~.workloads.Discovery`, it also says who held each GPU: the workloads
+of the compute and graphics processes NVML lists on it, and the allocations naming it
+(``None`` where the process list cannot be read: NOT_SUPPORTED, or NO_PERMISSION as NVML
+answers an unprivileged caller for a MIG-enabled GPU's whole handle).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any, Protocol
 import pynvml
 
 from .gpm import METRICS, GpmApi, GpmPair
-from .source import GpuInfo, Reading, TickResult, inventory
+from .source import GpuInfo, Reading, TickResult, Workload, inventory
+from .workloads import Discovery
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -53,6 +57,8 @@ class NvmlApi(GpmApi, Protocol):
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[Any]: ...
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> Sequence[Any]: ...
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> Sequence[Any]: ...
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any) -> Sequence[Any]: ...
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
@@ -106,6 +112,14 @@ class PynvmlApi:
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> Sequence[Any]:
         procs: Sequence[Any] = pynvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+        return procs
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> Sequence[Any]:
+        procs: Sequence[Any] = pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
+        return procs
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any) -> Sequence[Any]:
+        procs: Sequence[Any] = pynvml.nvmlDeviceGetGraphicsRunningProcesses_v2(handle)
         return procs
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
@@ -225,6 +239,7 @@ class Gpu(GpuInfo):
     use_samples: bool = True
     mem_v2: bool = True
     procs_v3: bool = True
+    graphics_v3: bool = True
     event_reasons: bool = True
     transient_errors: int = 0
     gpm: GpmPair | None = None  # None: no GPM on this GPU (or not set up yet)
@@ -251,8 +266,15 @@ class Collector:
 
     BACKOFF_MAX_S = 60.0
 
-    def __init__(self, api: NvmlApi, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        api: NvmlApi,
+        *,
+        clock: Callable[[], float] = time.time,
+        workloads: Discovery | None = None,
+    ) -> None:
         self.api = api
+        self.workloads = workloads  # who holds each GPU; None: not asked (no workloads key)
         # the agent's clock: how far apart two GPM samples were taken (gpm.MIN_GAP_S)
         self.clock = clock
         self.gpus: dict[str, Gpu] = {}
@@ -386,6 +408,9 @@ class Collector:
             return TickResult({}, [], True)
         readings: dict[str, Reading] = {}
         lost: list[str] = []
+        if self.workloads is not None:
+            # lost GPUs too: an allocation naming one is not a file naming a GPU of another node
+            self.workloads.begin(now, {g.uuid: g.index for g in self.gpus.values()})
         for g in self.gpus.values():
             if g.lost or g.handle is None:
                 continue
@@ -491,17 +516,20 @@ class Collector:
         mem = self._mem(g)
         if mem is not None:
             r.mem_used = int(mem.used)
+        compute: Sequence[Any] | None = None
         if g.procs_v3:
             try:
-                r.procs = len(api.nvmlDeviceGetComputeRunningProcesses(h))
+                compute = api.nvmlDeviceGetComputeRunningProcesses(h)
             except pynvml.NVMLError as e:
                 self._handle(g, "procs", e)
             except _MISMATCH:
                 g.procs_v3 = False  # driver older than the v3 process list
         if not g.procs_v3:
-            procs = self._try(g, "procs", api.nvmlDeviceGetComputeRunningProcesses_v2, h)
-            if procs is not None:
-                r.procs = len(procs)
+            compute = self._try(g, "procs", api.nvmlDeviceGetComputeRunningProcesses_v2, h)
+        if compute is not None:
+            r.procs = len(compute)
+            if self.workloads is not None:
+                r.workloads = self._holders(g, compute)
         r.power_mw = self._try(g, "power", api.nvmlDeviceGetPowerUsage, h)
         r.energy_mj = self._try(g, "energy", api.nvmlDeviceGetTotalEnergyConsumption, h)
         r.temp_c = self._try(
@@ -523,6 +551,40 @@ class Collector:
         if g.gpm is not None:
             self._gpm_read(g, r)
         return r
+
+    # -- workloads ----------------------------------------------------------------------------
+
+    def _holders(self, g: Gpu, compute: Sequence[Any]) -> tuple[Workload, ...] | None:
+        """The workloads of the GPU's compute and graphics processes and of the allocations
+        naming it; ``None`` when the graphics list failed this second."""
+        assert self.workloads is not None
+        graphics = self._graphics(g)
+        if graphics is None:
+            return None
+        pids = dict.fromkeys(int(p.pid) for p in (*compute, *graphics))
+        return self.workloads.holders(g.uuid, pids)
+
+    def _graphics(self, g: Gpu) -> Sequence[Any] | None:
+        """Graphics processes (a display or render client); ``()`` where the GPU or driver
+        cannot list them (said once): compute processes are what data-centre GPUs run."""
+        if "graphics_procs" in g.unsupported:
+            return ()
+        api, h = self.api, g.handle
+        if g.graphics_v3:
+            try:
+                return api.nvmlDeviceGetGraphicsRunningProcesses(h)
+            except pynvml.NVMLError as e:
+                return self._graphics_failed(g, e)
+            except _MISMATCH:
+                g.graphics_v3 = False  # driver older than the v3 process list
+        try:
+            return api.nvmlDeviceGetGraphicsRunningProcesses_v2(h)
+        except pynvml.NVMLError as e:
+            return self._graphics_failed(g, e)
+
+    def _graphics_failed(self, g: Gpu, e: pynvml.NVMLError) -> Sequence[Any] | None:
+        self._handle(g, "graphics_procs", e)  # raises for a lost GPU or a driver gone
+        return () if "graphics_procs" in g.unsupported else None
 
     # -- GPM --------------------------------------------------------------------------------
 

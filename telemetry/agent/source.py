@@ -49,8 +49,9 @@ class Reading:
     sm_occupancy_pct: float | None = None  # resident warps / the SMs' maximum
     tensor_active_pct: float | None = None  # cycles any tensor pipe was busy
     dram_active_pct: float | None = None  # cycles the memory interface moved data
-    # What held the GPU in this second: ``None`` when the source cannot tell, ``()`` when it
-    # can and nothing did. Not sent yet (the workloads of DESIGN §8.1 build on it).
+    # What held the GPU in this second, one per (kind, id): ``None`` when the source cannot
+    # tell, ``()`` when it can and nothing did. The summariser turns them into the sample's
+    # ``workloads`` (DESIGN §8.1).
     workloads: tuple[Workload, ...] | None = None
 
 

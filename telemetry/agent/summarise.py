@@ -9,6 +9,12 @@ counted from the Unix epoch, so no interval crosses an hour boundary.
 
 Every summary field is computed by :func:`finalise` from integer sums, so the tick path (the
 real agent) and the analytic path (the fleet simulator) round identically.
+
+Workloads (DESIGN §8.1): each second, every workload holding the GPU gets ``1/n`` of it in
+``share_s`` and ``(that second's utilisation / 100) / n`` in ``air_s``, ``n`` being the number
+of workloads holding it in that second. The sums are kept per ``n`` (seconds and Σ
+utilisation), so the tick path and the simulator's closed form add up the same numbers, and
+divided once, when the interval closes.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import pynvml
 
-from .source import Reading
+from .source import Reading, Workload
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -58,6 +64,12 @@ REASON_HW_SLOWDOWN = _bit("HwSlowdown") | _bit("HwPowerBrakeSlowdown")
 # clocks drop because nothing runs.
 REASON_OTHER = ~(REASON_GPU_IDLE | REASON_POWER_CAP | REASON_THERMAL | REASON_HW_SLOWDOWN)
 
+
+# DESIGN §8.1 and the server (telemetry/wire.py): at most 32 workloads per sample, strings of
+# at most 200 printable characters, an id without surrounding whitespace.
+WORKLOADS_MAX = 32
+WORKLOAD_TEXT_MAX = 200
+WORKLOAD_KINDS = frozenset({"slurm", "k8s", "container", "user"})
 
 _ISO_CACHE: dict[int, str] = {}
 
@@ -103,6 +115,8 @@ class Accumulator:
         "prof_sum",
         "prof_cnt",
         "prof_n",
+        "wl_n",
+        "wl",
     )
 
     def __init__(self, start: int) -> None:
@@ -134,6 +148,10 @@ class Accumulator:
         self.prof_sum = [0.0, 0.0, 0.0, 0.0]
         self.prof_cnt = [0, 0, 0, 0]
         self.prof_n = 0
+        # workloads: the seconds whose source could tell who held the GPU, and per workload
+        # (kind, id) its seconds and Σ utilisation by the number holding the GPU with it
+        self.wl_n = 0
+        self.wl: dict[tuple[str, str], WorkloadSum] = {}
 
     def add(self, r: Reading, energy_delta_mj: int | None) -> None:
         """Add one tick. ``energy_delta_mj`` is the counter's growth over exactly this second
@@ -195,6 +213,138 @@ class Accumulator:
                 carried = True
         if carried:
             self.prof_n += 1
+        if r.workloads is not None:
+            self.wl_n += 1
+            if r.workloads:
+                # the second's utilisation as the util_pct mean counts it; a second without
+                # one adds no air time
+                u = 0.0 if r.util is None else min(max(r.util, 0.0), 100.0)
+                hold(self.wl, r.workloads, u, 1)
+
+
+class WorkloadSum:
+    """One workload's seconds in an interval: ``by_n[n] = [seconds, Σ util %]`` over the
+    seconds in which ``n`` workloads held the GPU; ``meta`` its latest user, account, name."""
+
+    __slots__ = ("meta", "by_n")
+
+    def __init__(self, meta: Workload) -> None:
+        self.meta = meta
+        self.by_n: dict[int, list[float]] = {}
+
+
+def hold(
+    sums: dict[tuple[str, str], WorkloadSum],
+    workloads: tuple[Workload, ...],
+    util_sum: float,
+    seconds: int,
+) -> None:
+    """Add ``seconds`` seconds in which ``workloads`` (and nothing else) held the GPU, their
+    utilisation adding up to ``util_sum`` (%)."""
+    held: dict[tuple[str, str], Workload] = {}
+    for w in workloads:
+        c = clean_workload(w)
+        if c is not None:
+            held.setdefault((c.kind, c.id), c)
+    n = len(held)
+    for key, w in held.items():
+        s = sums.get(key)
+        if s is None:
+            s = sums[key] = WorkloadSum(w)
+        elif s.meta is not w and s.meta != w:
+            m = s.meta
+            s.meta = Workload(
+                w.kind, w.id, w.user or m.user, w.account or m.account, w.name or m.name
+            )
+        e = s.by_n.get(n)
+        if e is None:
+            s.by_n[n] = [float(seconds), util_sum]
+        else:
+            e[0] += seconds
+            e[1] += util_sum
+
+
+def clean_text(v: str | None) -> str | None:
+    """What the server takes as workload text: printable characters only (no control
+    characters, no lone surrogates), at most 200, no surrounding whitespace; ``None`` if empty."""
+    if v is None:
+        return None
+    if not v.isprintable():
+        v = "".join(ch for ch in v if ch.isprintable())
+    v = v.strip()[:WORKLOAD_TEXT_MAX].rstrip()
+    return v or None
+
+
+_CLEAN: dict[Workload, Workload | None] = {}
+
+
+def clean_workload(w: Workload) -> Workload | None:
+    """``w`` as the wire can carry it, or ``None`` when it cannot (an unknown kind, no id)."""
+    if w in _CLEAN:
+        return _CLEAN[w]
+    c: Workload | None
+    ident = clean_text(w.id) if w.kind in WORKLOAD_KINDS else None
+    if ident is None:
+        c = None
+    else:
+        c = Workload(w.kind, ident, clean_text(w.user), clean_text(w.account), clean_text(w.name))
+        if c == w:
+            c = w
+    if len(_CLEAN) >= 4096:
+        _CLEAN.clear()
+    _CLEAN[w] = c
+    return c
+
+
+_TRUNCATED: set[str] = set()
+
+
+def workloads_wire(
+    sums: dict[tuple[str, str], WorkloadSum], seconds: int, uuid: str = ""
+) -> list[dict[str, Any]]:
+    """The ``workloads`` of a sample of ``seconds`` seconds, largest share first, within the
+    server's rules: 0 < share_s ≤ seconds, 0 ≤ air_s ≤ share_s, Σ share_s ≤ seconds (each is
+    rounded to the millisecond, which could push the sum a few ms over: the largest share gives
+    them back), at most 32 (the largest shares; the rest is logged once per GPU)."""
+    rows: list[dict[str, Any]] = []
+    for s in sums.values():
+        share = air = 0.0
+        for n in sorted(s.by_n):
+            secs, util = s.by_n[n]
+            share += secs / n
+            air += util / 100.0 / n
+        share_s = round(min(share, float(seconds)), 3)
+        if share_s <= 0:
+            continue
+        w = s.meta
+        row: dict[str, Any] = {"kind": w.kind, "id": w.id}
+        if w.user:
+            row["user"] = w.user
+        if w.account:
+            row["account"] = w.account
+        if w.name:
+            row["name"] = w.name
+        row["share_s"] = share_s
+        row["air_s"] = min(round(max(air, 0.0), 3), share_s)
+        rows.append(row)
+    rows.sort(key=lambda r: (-r["share_s"], r["kind"], r["id"]))
+    if len(rows) > WORKLOADS_MAX:
+        if uuid not in _TRUNCATED:
+            _TRUNCATED.add(uuid)
+            log.warning(
+                "GPU %s: %d workloads held it in one interval; sending the %d with the largest "
+                "shares, the most a sample carries (said once per GPU)",
+                uuid,
+                len(rows),
+                WORKLOADS_MAX,
+            )
+        del rows[WORKLOADS_MAX:]
+    excess = round(sum(r["share_s"] for r in rows) - seconds, 3)
+    if excess > 0:
+        top = rows[0]
+        top["share_s"] = round(top["share_s"] - excess, 3)
+        top["air_s"] = min(top["air_s"], top["share_s"])
+    return rows
 
 
 def energy_stuck(acc: Accumulator) -> bool:
@@ -270,6 +420,10 @@ def finalise(uuid: str, acc: Accumulator) -> dict[str, Any] | None:
             if count:
                 s[key] = round(total / count / 100.0, 4)
         s["prof_s"] = acc.prof_n
+    if acc.wl_n:
+        # the source could tell who held the GPU: the key goes, an empty list when nothing did
+        # (then the server counts the interval's non-air time as parked)
+        s["workloads"] = workloads_wire(acc.wl, acc.n, uuid)
     return s
 
 

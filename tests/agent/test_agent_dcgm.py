@@ -223,15 +223,43 @@ def test_kubernetes_pod_labels_become_workloads_on_the_reading(exporter: FakeExp
     assert all(r.workloads is None for r in source.read(T0 + 1).readings.values())
 
 
-def test_kubernetes_node_sends_the_same_samples_without_a_workloads_field(
-    exporter: FakeExporter,
-) -> None:
+def test_kubernetes_node_sends_who_held_each_gpu(exporter: FakeExporter) -> None:
     clock = VirtualClock(T0)
     serve(exporter, clock, k8s_text)
     out = run(agent_on(exporter, clock), clock, T0, T0 + 10)
-    s2 = only(out, fx.L4_UUIDS[2], START)
-    assert s2["util_pct"] == 30.0 and s2["power_w"] == 40.0 and "workloads" not in s2
-    assert "procs" not in s2  # dcgm-exporter has no process count: the memory rule applies
+    s0, s1, s2 = (only(out, u, START) for u in fx.L4_UUIDS)
+    assert s2["util_pct"] == 30.0 and s2["power_w"] == 40.0
+    assert "procs" not in s2  # dcgm-exporter has no process count
+    # GPU 0: one pod all 10 s at 73 %: share 10 × 1 = 10 s, air 10 × 0.73 = 7.3 s
+    assert s0["workloads"] == [
+        {
+            "kind": "k8s",
+            "id": "research/train-llm-0",
+            "account": "research",
+            "share_s": 10.0,
+            "air_s": 7.3,
+        }
+    ]
+    # GPU 1: the exporter maps pods and none holds it: the key, empty (its time is parked)
+    assert s1["workloads"] == []
+    # GPU 2, time-sliced between two replicas at 30 %: each 10 × 1/2 = 5 s, air 10 × 0.3 / 2
+    assert s2["workloads"] == [
+        {
+            "kind": "k8s",
+            "id": f"inference/vllm-7d9f8b6c5-{x}",
+            "account": "inference",
+            "share_s": 5.0,
+            "air_s": 1.5,
+        }
+        for x in ("k2x4p", "q8w2z")
+    ]
+
+
+def test_bare_metal_exporter_sends_no_workloads_key(exporter: FakeExporter) -> None:
+    clock = VirtualClock(T0)
+    serve(exporter, clock, h100_text)
+    out = run(agent_on(exporter, clock), clock, T0, T0 + 10)
+    assert out and all("workloads" not in s for s in out)  # the memory rule applies
 
 
 def test_mig_instances_lend_their_pods_not_their_values() -> None:

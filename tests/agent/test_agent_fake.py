@@ -243,10 +243,14 @@ def test_faults_in_simulate() -> None:
 
 
 def tick_path(
-    fleet: FakeFleet, host: str, t_from: int, t_to: int, interval: int
+    fleet: FakeFleet, host: str, t_from: int, t_to: int, interval: int, *, workloads: bool = False
 ) -> list[dict[str, Any]]:
+    """The agent ticking every second over the node's fake NVML (``workloads``: with the fake's
+    own process table and allocations, as the CLI wires them)."""
     clock = VirtualClock(t_from)
-    agent = Agent(fleet.backend(host, clock.time), spool_dir=None, interval_s=interval, clock=clock)
+    api = fleet.backend(host, clock.time)
+    discovery = api.discovery() if workloads else None
+    agent = Agent(api, spool_dir=None, interval_s=interval, clock=clock, workloads=discovery)
     out: list[dict[str, Any]] = []
     for t in range(t_from, t_to + 1):
         clock.set(t + 0.003)

@@ -1,0 +1,200 @@
+"""docs/slurm/prolog.sh and epilog.sh, run with bash in the environment slurmd gives a node
+Prolog / Epilog (Slurm's prolog_epilog guide; src/plugins/prep/script/prep_script_slurmd.c:
+SLURM_JOB_ID, SLURM_JOB_USER, SLURM_JOB_ACCOUNT, and from the gres plugin SLURM_JOB_GPUS and
+CUDA_VISIBLE_DEVICES; no job name, no array ids), each file read back by the agent's own
+parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telemetry.agent.source import Workload
+from telemetry.agent.workloads import Allocation, AllocationDir, allocation_parse
+
+REPO = Path(__file__).resolve().parents[2]
+PROLOG = REPO / "docs" / "slurm" / "prolog.sh"
+EPILOG = REPO / "docs" / "slurm" / "epilog.sh"
+GPU_A = "GPU-2f6e1c3a-5b7d-4e9f-8a1b-2c3d4e5f6a7b"
+GPU_B = "GPU-9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b"
+
+
+def hook(script: Path, alloc: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run a hook as slurmd does: its own small environment, nothing of ours."""
+    base = {"GPUFLEET_ALLOC_DIR": str(alloc), "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
+    return subprocess.run(
+        ["bash", str(script)], env={**base, **env}, capture_output=True, text=True, timeout=30
+    )
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    return {
+        "SLURM_JOB_ID": "48213",
+        "SLURM_JOB_UID": "1000",
+        "SLURM_JOB_USER": "alice",
+        "SLURM_JOB_ACCOUNT": "nlp",
+        "SLURM_JOB_GPUS": "0,1",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        **extra,
+    }
+
+
+def read(alloc: Path, job: str = "48213") -> Any:
+    return json.loads((alloc / f"slurm-{job}.json").read_text())
+
+
+def test_prolog_writes_the_allocation_and_epilog_removes_it(tmp_path: Path) -> None:
+    alloc = tmp_path / "run" / "gpufleet" / "alloc"  # created on the first job
+    r = hook(PROLOG, alloc, **job_env())
+    assert r.returncode == 0 and r.stderr == ""
+    assert read(alloc) == {
+        "kind": "slurm",
+        "id": "48213",
+        "user": "alice",
+        "account": "nlp",
+        "gpus": [0, 1],
+    }
+    f = alloc / "slurm-48213.json"
+    assert stat.S_IMODE(f.stat().st_mode) == 0o644  # the agent need not be root to read it
+    assert os.listdir(alloc) == ["slurm-48213.json"]  # no temporary file left
+    # what the agent makes of it
+    got = AllocationDir(str(alloc)).allocations(1.0, {GPU_A: 0, GPU_B: 1})
+    assert got == (
+        Allocation(Workload("slurm", "48213", "alice", "nlp"), (0, 1), None, "slurm-48213.json"),
+    )
+    r = hook(EPILOG, alloc, **job_env())
+    assert r.returncode == 0 and r.stderr == "" and os.listdir(alloc) == []
+    assert hook(EPILOG, alloc, **job_env()).returncode == 0  # nothing there: still fine
+
+
+def test_prolog_prefers_gpu_uuids_and_writes_what_json_can_carry(tmp_path: Path) -> None:
+    alloc = tmp_path / "alloc"
+    env = job_env(
+        CUDA_VISIBLE_DEVICES=f"{GPU_A},{GPU_B}",  # gres.conf AutoDetect=nvml with UUIDs
+        SLURM_JOB_GPUS="4,5",
+        SLURM_JOB_USER='o"brien\\',
+        SLURM_JOB_ACCOUNT="résumé\x01lab",
+        SLURM_JOB_NAME="train\tllm\n",  # not given by Slurm today; written where it is set
+    )
+    assert hook(PROLOG, alloc, **env).returncode == 0
+    body = read(alloc)
+    assert body["gpus"] == [GPU_A, GPU_B]
+    assert (body["user"], body["account"], body["name"]) == ('o"brien\\', "résumélab", "trainllm")
+    parsed = allocation_parse(body)
+    assert isinstance(parsed, Allocation) and parsed.gpus == (GPU_A, GPU_B)
+
+
+@pytest.mark.parametrize(
+    ("env", "gpus"),
+    [
+        ({"SLURM_JOB_GPUS": "3", "CUDA_VISIBLE_DEVICES": ""}, [3]),
+        ({"SLURM_JOB_GPUS": "", "CUDA_VISIBLE_DEVICES": "2,07"}, [2, 7]),
+        ({"SLURM_JOB_GPUS": "", "CUDA_VISIBLE_DEVICES": "", "SLURM_STEP_GPUS": "6"}, [6]),
+        ({"SLURM_JOB_GPUS": "1, 2,x", "CUDA_VISIBLE_DEVICES": "NoDevFiles"}, [1, 2]),
+    ],
+)
+def test_prolog_finds_the_gpus_where_slurm_puts_them(
+    tmp_path: Path, env: dict[str, str], gpus: list[int]
+) -> None:
+    alloc = tmp_path / "alloc"
+    assert hook(PROLOG, alloc, **job_env(**env)).returncode == 0
+    assert read(alloc)["gpus"] == gpus
+
+
+def test_prolog_for_an_array_task_names_it_and_keeps_the_job_id(tmp_path: Path) -> None:
+    alloc = tmp_path / "alloc"
+    env = job_env(SLURM_JOB_ID="1127", SLURM_ARRAY_JOB_ID="1123", SLURM_ARRAY_TASK_ID="4")
+    assert hook(PROLOG, alloc, **env).returncode == 0
+    body = read(alloc, "1127")  # the file goes by the job id, which the epilog also has
+    assert (body["id"], body["job_id"]) == ("1123_4", "1127")
+
+
+def test_prolog_can_ask_squeue_for_the_name_and_array_id(tmp_path: Path) -> None:
+    """Opt-in (GPUFLEET_PROLOG_LOOKUP=1): the node Prolog has neither, squeue has both."""
+    fake = tmp_path / "squeue"
+    fake.write_text(
+        '#!/bin/bash\n[[ "$*" == "--noheader --jobs=1127 --format=%F %K %j" ]] || exit 1\n'
+        'echo "1123 4 sweep lr 3e-4"\n'
+    )
+    fake.chmod(0o755)
+    alloc = tmp_path / "alloc"
+    env = job_env(SLURM_JOB_ID="1127", GPUFLEET_PROLOG_LOOKUP="1", GPUFLEET_SQUEUE=str(fake))
+    assert hook(PROLOG, alloc, **env).returncode == 0
+    body = read(alloc, "1127")
+    assert (body["id"], body["job_id"], body["name"]) == ("1123_4", "1127", "sweep lr 3e-4")
+    # off by default: no squeue call, the numeric id
+    assert hook(PROLOG, alloc, **job_env(SLURM_JOB_ID="1128")).returncode == 0
+    assert read(alloc, "1128")["id"] == "1128" and "name" not in read(alloc, "1128")
+    # a controller that does not answer costs nothing but the name
+    fake.write_text("#!/bin/bash\nexit 1\n")
+    env["SLURM_JOB_ID"] = "1129"
+    r = hook(PROLOG, alloc, **env)
+    assert r.returncode == 0 and "squeue did not answer" in r.stderr
+    assert read(alloc, "1129")["id"] == "1129"
+
+
+def test_prolog_renames_a_whole_file_into_place(tmp_path: Path) -> None:
+    """Atomic: the file is written under a dot name in the same directory (which the agent
+    does not read) and renamed; the name the agent reads never holds a partial file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "mv.log"
+    real_mv = shutil.which("mv")
+    assert real_mv is not None
+    (bin_dir / "mv").write_text(
+        "#!/bin/bash\n"
+        'src="${@: -2:1}" dst="${@: -1}"\n'
+        f'{{ echo "$src"; echo "$dst"; test -e "$dst" && echo existed || echo new; cat "$src"; '
+        f'stat -c %i "$src"; }} >> {log}\n'
+        f'exec {real_mv} "$@"\n'
+    )
+    (bin_dir / "mv").chmod(0o755)
+    alloc = tmp_path / "alloc"
+    path = f"{bin_dir}:/usr/bin:/bin"
+    assert hook(PROLOG, alloc, GPUFLEET_HOOK_PATH=path, **job_env()).returncode == 0
+    src, dst, before, content, inode = log.read_text().splitlines()
+    assert Path(src).parent == alloc and Path(src).name.startswith(".slurm-48213.")
+    assert dst == str(alloc / "slurm-48213.json") and before == "new"
+    assert json.loads(content) == read(alloc)  # complete before the rename
+    assert (alloc / "slurm-48213.json").stat().st_ino == int(inode)  # the renamed file itself
+
+
+def test_hooks_never_fail_the_job(tmp_path: Path) -> None:
+    """A Prolog or Epilog that exits non-zero drains the node: every problem is said on
+    stderr and the exit status stays 0."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # the directory cannot be made under a file
+    r = hook(PROLOG, blocked / "alloc", **job_env())
+    assert r.returncode == 0 and "cannot write" in r.stderr
+    for bad in ("", "../../etc/passwd", "48213;rm"):
+        r = hook(PROLOG, tmp_path / "a", **job_env(SLURM_JOB_ID=bad))
+        assert r.returncode == 0 and "not a job id" in r.stderr
+        assert hook(EPILOG, tmp_path / "a", **job_env(SLURM_JOB_ID=bad)).returncode == 0
+    assert not (tmp_path / "a").exists()
+    # a job without GPUs on this node holds none: nothing written, nothing said
+    r = hook(PROLOG, tmp_path / "b", **job_env(SLURM_JOB_GPUS="", CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0 and r.stderr == "" and not (tmp_path / "b").exists()
+
+
+def test_epilog_removes_what_a_killed_prolog_left(tmp_path: Path) -> None:
+    alloc = tmp_path / "alloc"
+    alloc.mkdir()
+    for name in ("slurm-48213.json", ".slurm-48213.Xy12Ab", ".slurm-482130.Qq", "slurm-48.json"):
+        (alloc / name).write_text("{}")
+    assert hook(EPILOG, alloc, **job_env()).returncode == 0
+    assert sorted(os.listdir(alloc)) == [".slurm-482130.Qq", "slurm-48.json"]  # others' files
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_hooks_are_shellcheck_clean() -> None:
+    r = subprocess.run(
+        ["shellcheck", "--shell=bash", str(PROLOG), str(EPILOG)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout
