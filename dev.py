@@ -62,10 +62,12 @@ def ensure_venv(extras: str) -> None:
 # Debian packages the tests drive: the commands each provides, the install arguments, and the
 # services the package starts on a systemd host, which the tests do not want running (they
 # start their own server on loopback). Chromium for the browser tests; promtool and a
-# Prometheus server for the /metrics tests, without the recommended node exporter.
+# Prometheus server for the /metrics tests, without the recommended node exporter; shellcheck
+# for the Slurm prolog and epilog the docs ship.
 DEBIAN_TOOLS = (
     (("chromium",), ("chromium", "fonts-dejavu-core"), ()),
     (("promtool", "prometheus"), ("--no-install-recommends", "prometheus"), ("prometheus",)),
+    (("shellcheck",), ("shellcheck",), ()),
 )
 
 

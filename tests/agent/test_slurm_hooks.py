@@ -192,8 +192,11 @@ def test_epilog_removes_what_a_killed_prolog_left(tmp_path: Path) -> None:
     assert sorted(os.listdir(alloc)) == [".slurm-482130.Qq", "slurm-48.json"]  # others' files
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_hooks_are_shellcheck_clean() -> None:
+    if shutil.which("shellcheck") is None:
+        from tests.conftest import service_missing
+
+        service_missing("shellcheck (dev.py installs it with apt)")
     r = subprocess.run(
         ["shellcheck", "--shell=bash", str(PROLOG), str(EPILOG)], capture_output=True, text=True
     )
