@@ -3,12 +3,14 @@
     DATABASE_URL=postgres://… REDIS_URL=redis://… python bench/soak.py \\
         [--gpus 2000] [--interval 10] [--duration 60] [--write-docs]
 
-What runs, all on 127.0.0.1: gunicorn (the real WSGI app), one Celery worker on its own queue,
-PostgreSQL and Redis. This script plays the fleet: ``--gpus`` GPUs in nodes of 8 (the fake
-fleet of telemetry/agent, ``pattern=mixed``), each node pushing one batch per ``--interval``
+What runs, all on 127.0.0.1: gunicorn (the real WSGI app, ``--workers`` processes), two Celery
+workers on separate queues of their own (one takes rollups, the other rollups, reports and
+alerts: both take rollups, so their runs meet the rollup's lock), PostgreSQL and Redis. This
+script plays the fleet: ``--gpus`` GPUs in nodes of 8 (the fake fleet of telemetry/agent,
+``pattern=mixed``), each node pushing one batch per ``--interval``
 seconds of wall-clock time, from ``--senders`` threads over keep-alive connections, retrying
 503/429/unreachable like the agent does. Every ``--rollup-every`` seconds it sends the periodic
-rollup task to the worker, as Celery beat would.
+rollup task twice, so that both workers run one at once.
 
 It reports samples sent, stored (accepted), duplicates, rejected, requests by status, push
 latency, and the rollup lag (age of the oldest hour waiting for a rollup) during the run and
@@ -118,17 +120,28 @@ class Stack:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.worker_log = log_dir / "worker.log"
-        from config.celery import worker_argv
+        from config.celery import QUEUES, worker_argv
 
-        self.worker = subprocess.Popen(
-            worker_argv(queue=self.queue, name=f"{self.queue}@%h"),
-            cwd=ROOT,
-            env=env,
-            stdout=self.worker_log.open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        # Two Celery workers on separate queues, as docs/deploy.md sizes a larger site: one
+        # for rollups alone, one for rollups, reports and alerts. Both take rollups, so their
+        # runs overlap and the rollup's lock has to keep them apart. Queue names carry this
+        # run's tag, so nothing else on the broker takes them.
+        self.queues = {name: f"{self.queue}-{name}" for name in QUEUES}
+        rollups = self.queues["rollups"]
+        self.worker_logs = [log_dir / "worker-rollups.log", log_dir / "worker-all.log"]
+        self.workers = [
+            subprocess.Popen(
+                worker_argv(queue=queues, name=f"{self.queue}-{i}@%h"),
+                cwd=ROOT,
+                env=env,
+                stdout=log.open("ab"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            for i, (queues, log) in enumerate(
+                zip((rollups, ",".join(self.queues.values())), self.worker_logs, strict=True)
+            )
+        ]
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 60) -> None:
@@ -145,14 +158,30 @@ class Stack:
                     c.close()
                 except OSError:
                     pass
-            worker_ok = worker_ok or "ready." in self.worker_log.read_text(errors="replace")
+            worker_ok = worker_ok or all(
+                "ready." in log.read_text(errors="replace") for log in self.worker_logs
+            )
             time.sleep(0.1)
 
+    def rollups_send(self, sender: Any) -> None:
+        """What Celery beat does each period, twice: both workers take one, at once."""
+        for _ in range(2):
+            sender.send_task("telemetry.tasks.rollup_task", queue=self.queues["rollups"])
+
+    def rollups_done(self) -> dict[str, int]:
+        """Rollup tasks each worker finished (from its log)."""
+        done = "telemetry.tasks.rollup_task"
+        return {
+            log.stem: sum(1 for line in log.read_text(errors="replace").splitlines()
+                          if done in line and "succeeded" in line)
+            for log in self.worker_logs
+        }  # fmt: skip
+
     def stop(self) -> None:
-        for proc in (self.web, self.worker):
+        for proc in (self.web, *self.workers):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-        for proc in (self.web, self.worker):
+        for proc in (self.web, *self.workers):
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -311,7 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     max(0.0, min(0.05, close - time.time()))
                 )  # the clock moves between reads
                 if time.time() >= next_rollup:
-                    sender.send_task("telemetry.tasks.rollup_task", queue=stack.queue)
+                    stack.rollups_send(sender)
                     next_rollup += args.rollup_every
                     lags.append(rollup_lag_seconds())
             for host, payload in simulate(
@@ -327,14 +356,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             boundary = close
         pushed_at = time.time()
         # Catch up: the periodic task again until nothing is pending.
-        sender.send_task("telemetry.tasks.rollup_task", queue=stack.queue)
+        stack.rollups_send(sender)
         catch_up_deadline = time.time() + 120
         while RollupPending.objects.exists() and time.time() < catch_up_deadline:
             time.sleep(0.2)
             if time.time() >= next_rollup:
-                sender.send_task("telemetry.tasks.rollup_task", queue=stack.queue)
+                stack.rollups_send(sender)
                 next_rollup = time.time() + 2
         caught_up_s = time.time() - pushed_at
+        rollups_by_worker = stack.rollups_done()
     finally:
         for _ in threads:
             work.put(None)
@@ -365,6 +395,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rollup_caught_up_s": round(caught_up_s, 1),
         "rollup_rows": rows,
         "rollups_equal_clean_run": equal,
+        "rollup_tasks_by_worker": rollups_by_worker,
         "ok": stored == tally.sent == tally.accepted and not tally.rejected and equal,
     }
 
@@ -376,7 +407,8 @@ def docs_write(result: dict[str, Any], args: argparse.Namespace) -> None:
         "",
         f"`python bench/soak.py --gpus {args.gpus} --interval {args.interval} --duration "
         f"{args.duration}` on {os.cpu_count()} cores ({cpu}), PostgreSQL, Redis, gunicorn "
-        f"({args.workers} workers × 4 threads) and one Celery worker (solo), all on loopback; "
+        f"({args.workers} workers × 4 threads) and two Celery workers (solo) on separate "
+        "queues (one takes rollups, one rollups, reports and alerts), all on loopback; "
         f"{args.senders} sender threads play the fleet (nodes of 8 GPUs, one push per node per "
         "interval). Measured on " + dt.date.today().isoformat() + ".",
         "",

@@ -6,6 +6,7 @@ import os
 
 from celery import Celery
 from celery.schedules import crontab
+from kombu.entity import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -15,6 +16,19 @@ from config import watchdog  # noqa: E402, F401
 app = Celery("gpufleet")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# Queues by kind of work, so that a deployment can give each its own workers (docs/deploy.md,
+# "Sizing"): rollups (and the partition maintenance beside them), the weekly report, alerts.
+# A worker started without -Q consumes every queue listed here; one started with
+# `-Q rollups` only that one. Two workers may both take rollups: the rollup's advisory lock
+# keeps them from computing the same hours at once (telemetry.rollup).
+QUEUES = {"rollups": "telemetry.tasks.*", "reports": "billing.tasks.*", "alerts": "alerts.tasks.*"}
+app.conf.task_default_queue = "celery"
+app.conf.task_queues = [
+    Queue(name, Exchange(name), routing_key=name)  # type: ignore[no-untyped-call]
+    for name in ("celery", *QUEUES)
+]
+app.conf.task_routes = {pattern: {"queue": name} for name, pattern in QUEUES.items()}
 
 app.conf.beat_schedule = {
     # Late data re-rolls its hours, so a minute's cadence keeps the dashboard current.
@@ -40,8 +54,9 @@ app.conf.beat_schedule = {
 
 
 def worker_argv(*, queue: str, name: str, pool: str = "solo", concurrency: int = 1) -> list[str]:
-    """The command line of one Celery worker on ``queue``, as the fault tests and the soak
-    start it: without gossip, mingle and heartbeat, which only slow a lone worker's start."""
+    """The command line of one Celery worker on ``queue`` (several: comma-separated), as the
+    fault tests and the soak start it: without gossip, mingle and heartbeat, which only slow a
+    lone worker's start."""
     import sys
 
     argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", queue, "-P", pool]

@@ -55,3 +55,8 @@ def test_soak_smoke(pg: None, redis_url: str, tmp_path: Path) -> None:
     # The script's numbers are the database's.
     assert Sample.objects.count() == result["stored"]
     assert HourlyUsage.objects.count() == result["rollup_rows"] >= 48
+    # Two workers on separate queues both took rollup tasks (sent two at a time), and the
+    # rows still equal one clean run: the lock kept their runs apart.
+    by_worker = result["rollup_tasks_by_worker"]
+    assert set(by_worker) == {"worker-rollups", "worker-all"}
+    assert all(n >= 1 for n in by_worker.values()), by_worker
