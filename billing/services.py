@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -139,11 +139,29 @@ def breakeven_workloads_apply(
             result.count("pools", False, True)
 
 
+# Sections of the fleet file that apps above billing own (alerts' ``[[alerts]]``). The owning
+# app registers its section from its AppConfig.ready(), so the dependency keeps pointing down:
+# billing calls whatever is registered and imports none of them. Each is called with the whole
+# document, inside fleet_document_apply's transaction, after the inventory and cost profiles it
+# may refer to; it raises FleetFileError naming the table and field.
+class FleetSection(Protocol):
+    def __call__(self, *, document: dict[str, Any], result: ApplyResult) -> None: ...
+
+
+_FLEET_SECTIONS: dict[str, FleetSection] = {}
+
+
+def fleet_section_register(*, key: str, apply: FleetSection) -> None:
+    """Have ``fleet_document_apply`` also apply ``apply`` (idempotent per ``key``)."""
+    _FLEET_SECTIONS[key] = apply
+
+
 @transaction.atomic
 def fleet_document_apply(*, document: dict[str, Any]) -> ApplyResult:
-    """A whole fleet file: the inventory (fleet), then cost profiles and break-even workloads;
-    recomputes the rollups of GPUs whose in-service window moved and rebuilds the daily
-    pre-aggregate when the report time zone changed, in the same transaction."""
+    """A whole fleet file: the inventory (fleet), then cost profiles and break-even workloads,
+    then the sections other apps registered (``fleet_section_register``); recomputes the
+    rollups of GPUs whose in-service window moved and rebuilds the daily pre-aggregate when
+    the report time zone changed, in the same transaction."""
     from telemetry.rollup import daily_usage_ensure
     from telemetry.services import gpu_hours_invalidate
 
@@ -152,6 +170,8 @@ def fleet_document_apply(*, document: dict[str, Any]) -> ApplyResult:
     cost_profiles_apply(rows=document.get("cost_profiles", []), result=result)
     new_pools = frozenset(Pool.objects.values_list("name", flat=True)) - existing
     breakeven_workloads_apply(document=document, result=result, new_pools=new_pools)
+    for section_apply in _FLEET_SECTIONS.values():
+        section_apply(document=document, result=result)
     if result.gpus_window_changed:
         gpu_hours_invalidate(gpu_ids=result.gpus_window_changed)
     # The daily pre-aggregate holds local days of the report time zone: a new zone rebuilds
