@@ -133,7 +133,11 @@ def cmd_test(args: list[str]) -> None:
         run(bin_dir / "ruff", "format", "--check", ".")
         say("mypy")
         # The application and the benchmarks; tests are left to ruff and to running them.
-        run(bin_dir / "mypy", "config", "fleet", "telemetry", "billing", "bench", "dev.py", env=env)
+        run(
+            bin_dir / "mypy",
+            *("config", "fleet", "telemetry", "billing", "alerts", "bench", "dev.py"),
+            env=env,
+        )
         say("manage.py check / makemigrations --check")
         run(PY, "manage.py", "check", "--fail-level", "WARNING", env=env)
         run(PY, "manage.py", "makemigrations", "--check", "--dry-run", env=env)

@@ -43,6 +43,13 @@ app.conf.beat_schedule = {
         "schedule": crontab(minute=27, hour=3),
         "options": {"expires": 3600},
     },
+    # Alert rules (DESIGN.md §8.3); each notice is its own task. Settled in the database, so
+    # an evaluation that overlaps the previous one notifies nothing twice.
+    "alerts-evaluate": {
+        "task": "alerts.tasks.alerts_evaluate_task",
+        "schedule": 300.0,
+        "options": {"expires": 280},
+    },
     # The task itself decides whether this hour is the configured weekday and hour in the
     # report time zone, and a compare-and-swap makes sure each week goes out once.
     "weekly-report": {

@@ -36,6 +36,7 @@ urlpatterns = [
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("reports/", include("billing.report_urls")),
+    path("alerts/", include("alerts.urls")),
     path("", include("billing.urls")),
 ]
 

@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "fleet",
     "telemetry",
     "billing",
+    "alerts",
 ]
 
 MIDDLEWARE = [
@@ -72,6 +73,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # The navigation's count of firing alerts (templates/nav/entries.html).
+                "alerts.context.firing",
             ],
         },
     },
@@ -259,6 +262,9 @@ WEEKLY_REPORT_RECIPIENTS = env_list("WEEKLY_REPORT_RECIPIENTS", "")
 WEEKLY_REPORT_WEEKDAY = env_int("WEEKLY_REPORT_WEEKDAY", 0)  # 0 = Monday
 WEEKLY_REPORT_HOUR = env_int("WEEKLY_REPORT_HOUR", 7)
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# Key of the HMAC-SHA256 signature on every alert webhook (X-Gpufleet-Signature); unset, no
+# webhook is sent (a receiver cannot tell an unsigned one from a forged one).
+ALERT_WEBHOOK_SECRET = env_str("ALERT_WEBHOOK_SECRET", "")
 
 # --- Email ----------------------------------------------------------------------------------
 EMAIL_HOST = env_str("EMAIL_HOST", "")

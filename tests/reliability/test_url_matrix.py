@@ -178,6 +178,9 @@ TABLE: dict[str, list[Check]] = {
             "POST", "/reports/weekly/subscription/", {**PAGE_COSTS, "finance": 302, "admin": 302}
         ),
     ],
+    # Alerts (alerts/): every role sees them; money values are left out for viewers, which
+    # tests/alerts/test_pages.py checks, since the status is the same.
+    "alerts/": [Check("GET", "/alerts/", PAGE), Check("GET", "/alerts/?state=resolved", PAGE)],
 }
 for _kind, _create, _patch in (
     ("sites", _named("site", pue="1.3", price_per_kwh="0.25"), {"pue": "1.4"}),

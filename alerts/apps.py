@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class AlertsConfig(AppConfig):
+    name = "alerts"
+    verbose_name = "Alerts"
+
+    def ready(self) -> None:
+        # The fleet file's [[alerts]] table is applied by billing's fleet_document_apply
+        # (fleet_apply, the demo) through its section hook: billing never imports alerts.
+        from alerts.fleetfile import alerts_section_apply
+        from billing.services import fleet_section_register
+
+        fleet_section_register(key="alerts", apply=alerts_section_apply)

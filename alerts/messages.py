@@ -1,0 +1,239 @@
+"""What a notice says: the email (subject, text, HTML) and the webhook's JSON (DESIGN.md §8.3),
+both from one ``Notice`` built from a ``Delivery`` (the figures as they were when the notice
+was decided) and its alert and rule.
+
+Links are absolute (``SITE_URL``) and point at the page that explains the alert over its
+window: the GPU's page, the fleet board filtered to the pool, team or site, or the overview.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.template.loader import render_to_string
+from django.urls import NoReverseMatch, reverse
+
+from alerts import figures
+from alerts.models import EVENT_REPEAT, EVENT_RESOLVED, FIRING, RESOLVED, Delivery
+from alerts.rules import HOURS, MINUTES, MONEY, RULE_KINDS, SHARE, RuleKind, Window
+from billing.formatting import MISSING, money
+
+SIGNATURE_HEADER = "X-Gpufleet-Signature"
+
+
+def value_text(value: Decimal | None, unit: str, currency: str = "") -> str:
+    """A value or threshold as people read it, in the rule's unit."""
+    if value is None:
+        return MISSING
+    if unit == MONEY:
+        return money(value, currency)
+
+    def half_up(number: Decimal, places: int) -> str:  # as money is rounded, never to even
+        return f"{number.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP):,}"
+
+    if unit == HOURS:
+        return f"{half_up(value, 1)} h"
+    if unit == MINUTES:
+        return f"{half_up(value, 0)} min"
+    if unit == SHARE:
+        return f"{half_up(value * 100, 1)} %"
+    return f"{value:,}"
+
+
+def wire_value(value: Decimal | None, unit: str) -> Any:
+    """A value in the webhook's JSON: money as a decimal string with cents (as the finance
+    API sends money), everything else as a number."""
+    if value is None:
+        return None
+    if unit == MONEY:
+        return money(value)
+    return float(value)
+
+
+# --- links -----------------------------------------------------------------------------------
+def _dates(window: Window) -> dict[str, str]:
+    """The window as the dashboard's inclusive ``from``/``to`` days (report time zone); a
+    window shorter than a day (an offline GPU's) shows the last two days."""
+    zone = figures.report_zone()
+    start = min(window.start, window.end - dt.timedelta(days=1))
+    last = max(window.start, window.end - dt.timedelta(microseconds=1))
+    return {
+        "from": start.astimezone(zone).date().isoformat(),
+        "to": last.astimezone(zone).date().isoformat(),
+    }
+
+
+def _gpu_page(name: str, dates: dict[str, str]) -> str:
+    try:
+        return f"{reverse('gpu-detail', args=[name])}?{urlencode(dates)}"
+    except NoReverseMatch:  # a uuid no URL can hold: the board lists it
+        return f"{reverse('fleet-board')}?{urlencode(dates)}"
+
+
+def _board(kind: str) -> Callable[[str, dict[str, str]], str]:
+    return lambda name, dates: f"{reverse('fleet-board')}?{urlencode({**dates, kind: name})}"
+
+
+# subject kind → the page that explains an alert about such a subject (path and query).
+SUBJECT_PAGES: dict[str, Callable[[str, dict[str, str]], str]] = {
+    "gpu": _gpu_page,
+    "pool": _board("pool"),
+    "team": _board("team"),
+    "site": _board("site"),
+    "fleet": lambda name, dates: f"{reverse('overview')}?{urlencode(dates)}",
+}
+
+
+def subject_path(subject: str, window: Window) -> str:
+    kind, _, name = subject.partition(":")
+    page = SUBJECT_PAGES.get(kind, SUBJECT_PAGES["fleet"])
+    return page(name, _dates(window))
+
+
+def absolute(path: str) -> str:
+    return f"{settings.SITE_URL}{path}"
+
+
+# --- the notice ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Notice:
+    delivery_id: int
+    alert_id: int
+    rule: str
+    kind: RuleKind
+    event: str
+    state: str
+    subject: str
+    subject_label: str
+    value: Decimal | None
+    threshold: Decimal
+    value_text: str
+    threshold_text: str
+    since: dt.datetime
+    resolved_at: dt.datetime | None
+    window: Window
+    url: str
+    alerts_url: str
+    currency: str
+
+    @property
+    def headline(self) -> str:
+        """One line: what fired, for whom, how much against what."""
+        kind = self.kind
+        relation = "above" if kind.above else "below"
+        if self.state == RESOLVED:
+            return (
+                f"resolved {self.rule}: {self.subject_label} is at {self.value_text} "
+                f"(threshold {self.threshold_text})"
+            )
+        word = "still firing" if self.event == EVENT_REPEAT else "firing"
+        return (
+            f"{word} {self.rule}: {self.subject_label} at {self.value_text}, "
+            f"{relation} {self.threshold_text}"
+        )
+
+    @property
+    def window_text(self) -> str:
+        if self.window.start == self.window.end:
+            return f"at {self.window.end:%Y-%m-%d %H:%M} UTC"
+        return f"{self.window.start:%Y-%m-%d %H:%M} to {self.window.end:%Y-%m-%d %H:%M} UTC"
+
+    @property
+    def text(self) -> str:
+        """Slack-compatible: mrkdwn bold and a ``<url|label>`` link."""
+        icon = ":white_check_mark:" if self.state == RESOLVED else ":rotating_light:"
+        return (
+            f"{icon} *{self.headline}* ({self.kind.what}; {self.window_text}; "
+            f"since {self.since:%Y-%m-%d %H:%M} UTC) <{self.url}|details>"
+        )
+
+
+def notice_build(delivery: Delivery) -> Notice:
+    alert = delivery.alert
+    rule = alert.rule
+    kind = RULE_KINDS[rule.kind]
+    window = Window(
+        delivery.window_start or alert.firing_since, delivery.window_end or alert.firing_since
+    )
+    currency = figures.currency()
+    return Notice(
+        delivery_id=delivery.pk,
+        alert_id=alert.pk,
+        rule=rule.name,
+        kind=kind,
+        event=delivery.event,
+        state=RESOLVED if delivery.event == EVENT_RESOLVED else FIRING,
+        subject=alert.subject,
+        subject_label=alert.subject_label or alert.subject,
+        value=delivery.value,
+        threshold=delivery.threshold,
+        value_text=value_text(delivery.value, kind.unit, currency),
+        threshold_text=value_text(delivery.threshold, kind.unit, currency),
+        since=alert.firing_since,
+        resolved_at=alert.resolved_at if delivery.event == EVENT_RESOLVED else None,
+        window=window,
+        url=absolute(subject_path(alert.subject, window)),
+        alerts_url=absolute(f"{reverse('alerts')}?{urlencode({'rule': rule.name})}"),
+        currency=currency,
+    )
+
+
+# --- email -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Email:
+    subject: str
+    text: str
+    html: str
+
+
+def email_render(notice: Notice) -> Email:
+    # One line whatever a name holds: a header never carries a line break.
+    subject = " ".join(f"[gpufleet] {notice.headline}".split())
+    context = {"n": notice, "subject": subject}
+    return Email(
+        subject=subject,
+        text=render_to_string("alerts/email/notice.txt", context),
+        html=render_to_string("alerts/email/notice.html", context),
+    )
+
+
+# --- webhook ---------------------------------------------------------------------------------
+def webhook_body(notice: Notice) -> bytes:
+    """The JSON of DESIGN.md §8.3, plus what a receiver needs to de-duplicate (``delivery``)
+    and to read the value (``unit``, ``event``, the window). Compact and key-sorted, so the
+    same notice is the same bytes on every attempt."""
+    unit = notice.kind.unit
+    body = {
+        "alert": notice.alert_id,
+        "rule": notice.rule,
+        "rule_kind": notice.kind.name,
+        "subject": notice.subject,
+        "subject_label": notice.subject_label,
+        "state": notice.state,
+        "event": notice.event,
+        "value": wire_value(notice.value, unit),
+        "threshold": wire_value(notice.threshold, unit),
+        "unit": notice.currency if unit == MONEY else unit,
+        "since": notice.since.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
+        "window_start": notice.window.start.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
+        "window_end": notice.window.end.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
+        "url": notice.url,
+        "text": notice.text,
+        "delivery": notice.delivery_id,
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def webhook_signature(body: bytes, secret: str) -> str:
+    """``sha256=<hex HMAC-SHA256 of the body>``: what the receiver recomputes and compares."""
+    digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"

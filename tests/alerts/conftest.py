@@ -1,0 +1,169 @@
+"""Fixtures for the alert tests: the billing tests' fleet builder (rollups written by hand),
+real HTTP receivers on 127.0.0.1, the weekly report's real SMTP server, and Celery run
+in-process."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.server
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.billing.conftest import EXAMPLE_NOW, FleetBuilder, at, worked_example  # noqa: F401
+
+SECRET = "test-webhook-secret"
+
+
+@pytest.fixture
+def fleet(db: Any) -> FleetBuilder:
+    return FleetBuilder()
+
+
+@pytest.fixture
+def eager(settings: Any) -> Iterator[None]:
+    """Celery tasks run in this process (the embedded default), whatever REDIS_URL says."""
+    from config.celery import app
+
+    before = (app.conf.task_always_eager, app.conf.task_eager_propagates)
+    app.conf.task_always_eager = app.conf.task_eager_propagates = True
+    settings.ALERT_WEBHOOK_SECRET = SECRET
+    settings.SITE_URL = "https://gpufleet.example.com"
+    yield
+    app.conf.task_always_eager, app.conf.task_eager_propagates = before
+
+
+@pytest.fixture
+def broker() -> Iterator[None]:
+    """Celery as in production: tasks go to a broker (the tests stub the dispatch)."""
+    from config.celery import app
+
+    before = app.conf.task_always_eager
+    app.conf.task_always_eager = False
+    yield
+    app.conf.task_always_eager = before
+
+
+def rules_apply(*tables: dict[str, Any]) -> Any:
+    """Apply a fleet document holding only these ``[[alerts]]`` (plus the currency)."""
+    from billing.services import fleet_document_apply
+
+    return fleet_document_apply(document={"currency": "USD", "alerts": list(tables)})
+
+
+def open_alert(rule: Any, subject: str = "gpu:GPU-a", **values: Any) -> Any:
+    """An open alert of ``rule`` written directly (as an earlier evaluation would have)."""
+    from django.utils import timezone
+
+    from alerts.models import Alert
+
+    now = values.pop("now", timezone.now())
+    return Alert.objects.create(
+        rule=rule,
+        subject=subject,
+        threshold=rule.threshold,
+        firing_since=now,
+        last_notified_at=now,
+        evaluated_at=now,
+        **values,
+    )
+
+
+# --- HTTP receivers --------------------------------------------------------------------------
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def signature_ok(self) -> bool:
+        want = "sha256=" + hmac.new(SECRET.encode(), self.body, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(self.headers.get("X-Gpufleet-Signature", ""), want)
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver on 127.0.0.1: ``ok`` answers 200, ``error`` 500, ``verify`` checks
+    the signature (200, or 401 when it is wrong), ``hang`` keeps the request until
+    ``release`` is set, ``redirect`` answers 302 to ``location``."""
+
+    behaviour: str
+    location: str = ""
+    received: list[Received] = field(default_factory=list)
+    arrived: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    server: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hooks/gpufleet?token=abc"
+
+
+def _handler(receiver: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length", 0))
+            got = Received(dict(self.headers.items()), self.rfile.read(length))
+            receiver.received.append(got)
+            receiver.arrived.set()
+            status = 200
+            if receiver.behaviour == "error":
+                status = 500
+            elif receiver.behaviour == "verify" and not got.signature_ok:
+                status = 401
+            elif receiver.behaviour == "hang":
+                receiver.release.wait(30)
+            elif receiver.behaviour == "redirect":
+                self.send_response(302)
+                self.send_header("Location", receiver.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            payload = b'{"ok": true}'
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            except OSError:  # the sender gave up on a hanging answer
+                pass
+
+    return Handler
+
+
+@pytest.fixture
+def receiver() -> Iterator[Callable[..., Receiver]]:
+    """``receiver("ok")`` → a started receiver on 127.0.0.1 (stopped afterwards)."""
+    made: list[Receiver] = []
+
+    def make(behaviour: str, location: str = "") -> Receiver:
+        r = Receiver(behaviour, location)
+        r.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(r))
+        r.server.daemon_threads = True
+        threading.Thread(target=r.server.serve_forever, daemon=True).start()
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.release.set()
+        r.server.shutdown()
+        r.server.server_close()
+
+
+# --- SMTP: the weekly report's real server on 127.0.0.1 (aiosmtpd) ---------------------------
+from tests.billing.test_report import Sink, smtp  # noqa: E402, F401
+
+__all__ = ["EXAMPLE_NOW", "Sink", "at", "open_alert"]
