@@ -35,6 +35,7 @@ urlpatterns = [
     path("api/v1/", include("telemetry.api.urls")),
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("billing.api.urls")),
+    path("api/v1/", include("alerts.api.urls")),
     path("reports/", include("billing.report_urls")),
     path("alerts/", include("alerts.urls")),
     path("", include("billing.urls")),

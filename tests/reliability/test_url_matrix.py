@@ -181,6 +181,10 @@ TABLE: dict[str, list[Check]] = {
     # Alerts (alerts/): every role sees them; money values are left out for viewers, which
     # tests/alerts/test_pages.py checks, since the status is the same.
     "alerts/": [Check("GET", "/alerts/", PAGE), Check("GET", "/alerts/?state=resolved", PAGE)],
+    "api/v1/alerts": [
+        Check("GET", "/api/v1/alerts", ANY_ROLE),
+        Check("GET", "/api/v1/alerts?state=firing", ANY_ROLE),
+    ],
 }
 for _kind, _create, _patch in (
     ("sites", _named("site", pue="1.3", price_per_kwh="0.25"), {"pue": "1.4"}),
