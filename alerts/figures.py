@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _MEMO: ContextVar[dict[Any, Any] | None] = ContextVar("alerts_figures_memo", default=None)
-# Every grouping the selectors know that a scope can name, from one computation.
-_GROUPS = ("fleet", "site", "pool", "team", "gpu")
 
 
 @contextmanager
@@ -82,48 +80,126 @@ class ScopeFigures:
     def utilization(self) -> float | None:
         return self.air_hours / self.capacity_hours if self.capacity_hours > 0 else None
 
+    def __sub__(self, before: ScopeFigures | None) -> ScopeFigures:
+        if before is None:
+            return self
+        return ScopeFigures(
+            label=self.label,
+            capacity_hours=self.capacity_hours - before.capacity_hours,
+            air_hours=self.air_hours - before.air_hours,
+            idle_cost=self.idle_cost - before.idle_cost,
+            total_cost=self.total_cost - before.total_cost,
+        )
 
-def _rows_until(start: dt.date, end: dt.date, now: dt.datetime) -> dict[str, selectors.CostRow]:
-    """Every scope's row over [local midnight of ``start``, ``now``), keyed like a scope."""
-    grouped = selectors.cost_rows_by(start=start, end=end, group_bys=_GROUPS, now=now)
-    out: dict[str, selectors.CostRow] = {}
+
+def _figures(row: selectors.CostRow, label: str | None = None) -> ScopeFigures:
+    return ScopeFigures(
+        label=row.name if label is None else label,
+        capacity_hours=row.capacity_hours,
+        air_hours=row.air_hours,
+        idle_cost=row.idle_cost,
+        total_cost=row.total_cost,
+    )
+
+
+def _rows_until(
+    start: dt.date, end: dt.date, now: dt.datetime, groups: set[str]
+) -> dict[str, ScopeFigures]:
+    """The figures of ``groups`` over [local midnight of ``start``, ``now``), keyed like a
+    scope. The fleet asked for beside another grouping is the sum of that grouping's rows,
+    the unassigned one included (each GPU-hour is in exactly one row of a grouping): one pass
+    of the selectors over the GPUs fewer."""
+    wanted = groups - {"fleet"} if len(groups) > 1 else groups
+    grouped = selectors.cost_rows_by(start=start, end=end, group_bys=tuple(sorted(wanted)), now=now)
+    out: dict[str, ScopeFigures] = {}
     for group_by, rows in grouped.items():
         for row in rows:
             if group_by == "fleet":
-                out["fleet"] = row
+                out["fleet"] = _figures(row)
             elif row.key != selectors.UNASSIGNED_NAME:
-                out[f"{group_by}:{row.key}"] = row
+                out[f"{group_by}:{row.key}"] = _figures(row)
+    if "fleet" in groups and "fleet" not in wanted and grouped:
+        rows = next(iter(grouped.values()))
+        if rows:
+            out["fleet"] = ScopeFigures(
+                label="Fleet",
+                capacity_hours=sum(r.capacity_hours for r in rows),
+                air_hours=sum(r.air_hours for r in rows),
+                idle_cost=sum((r.idle_cost for r in rows), Decimal(0)),
+                total_cost=sum((r.total_cost for r in rows), Decimal(0)),
+            )
     return out
 
 
-def _window_figures(window: Window) -> dict[str, ScopeFigures]:
-    """The selectors take whole days of the report time zone; a window of hours is the
-    figures up to its end less those up to its start, over the same days (capacity, hours in
-    the air and money are sums, and the selectors cut capacity and rollups at ``now``)."""
+def _whole_hours(zone: ZoneInfo, moment: dt.datetime) -> bool:
+    offset = zone.utcoffset(moment.replace(tzinfo=None))
+    return offset is not None and offset.total_seconds() % 3600 == 0
+
+
+def _first_day(window: Window, zone: ZoneInfo) -> dt.date:
+    """The report day the selectors must start on so their first midnight is not after the
+    window's start: its own day, or the day before where the zone's offset is not whole hours
+    (the selectors then round the zone to the hour)."""
+    if _whole_hours(zone, window.start):
+        return window.start.astimezone(zone).date()
+    return (window.start - cm.ONE_HOUR).astimezone(zone).date()
+
+
+def _windows_figures(plan: dict[Window, set[str]]) -> dict[Window, dict[str, ScopeFigures]]:
+    """Every planned window's scopes from as few computations of the selectors as the windows
+    allow. The selectors count whole days of the report time zone and cut capacity and
+    rollups at ``now``; every figure compared here is a sum (capacity, hours in the air,
+    money), so a window of hours is the figures up to its end less those up to its start,
+    both counted from one common first day. Windows ending together (all of one evaluation)
+    share the computation up to their end; each needs one more up to its start, unless it
+    starts on that first midnight (a month to date, usually)."""
     zone = report_zone()
-    # An hour earlier than the window's start: selectors approximate a zone with a
-    # half-hour offset to the hour, and their first midnight must not fall after the start.
-    start = (window.start - cm.ONE_HOUR).astimezone(zone).date()
-    end = window.end.astimezone(zone).date() + dt.timedelta(days=1)
-    upto_end = _rows_until(start, end, window.end)
-    upto_start = _rows_until(start, end, window.start) if upto_end else {}
-    out: dict[str, ScopeFigures] = {}
-    for key, row in upto_end.items():
-        before = upto_start.get(key)
-        out[key] = ScopeFigures(
-            label=row.name,
-            capacity_hours=row.capacity_hours - (before.capacity_hours if before else 0.0),
-            air_hours=row.air_hours - (before.air_hours if before else 0.0),
-            idle_cost=row.idle_cost - (before.idle_cost if before else Decimal(0)),
-            total_cost=row.total_cost - (before.total_cost if before else Decimal(0)),
-        )
+    out: dict[Window, dict[str, ScopeFigures]] = {}
+    by_end: dict[dt.datetime, list[Window]] = defaultdict(list)
+    for window in plan:
+        by_end[window.end].append(window)
+    for end, windows in by_end.items():
+        first = min(_first_day(w, zone) for w in windows)
+        midnight = dt.datetime.combine(first, dt.time(), tzinfo=zone).astimezone(dt.UTC)
+        last = end.astimezone(zone).date() + dt.timedelta(days=1)
+        groups = set().union(*(plan[w] for w in windows))
+        upto_end = _rows_until(first, last, end, groups)
+        for window in windows:
+            before: dict[str, ScopeFigures] = {}
+            if upto_end and not (window.start == midnight and _whole_hours(zone, midnight)):
+                before = _rows_until(first, last, window.start, plan[window])
+            out[window] = {
+                key: figures - before.get(key)
+                for key, figures in upto_end.items()
+                if key.partition(":")[0] in plan[window]
+            }
     return out
+
+
+def scope_plan(*, window: Window, scope: Scope) -> None:
+    """Announce that a rule will read ``scope`` over ``window`` (``RuleKind.plan``): inside
+    ``memo()``, the first read then computes every announced window together."""
+    memo = _MEMO.get()
+    if memo is not None:
+        memo.setdefault("scope_plan", {}).setdefault(window, set()).add(scope.kind)
 
 
 def scope_figures(*, window: Window, scope: Scope) -> ScopeFigures | None:
     """The scope's figures over the window; None when the scope had no GPU in it."""
-    found = _memo(("scopes", window), lambda: _window_figures(window))
-    return found.get(str(scope))
+    memo = _MEMO.get()
+    if memo is None:
+        return _windows_figures({window: {scope.kind}})[window].get(str(scope))
+    table: dict[Window, dict[str, ScopeFigures]] = memo.setdefault("scope_table", {})
+    done: dict[Window, set[str]] = memo.setdefault("scope_done", {})
+    if scope.kind not in done.get(window, set()):
+        plan: dict[Window, set[str]] = memo.get("scope_plan", {})
+        wanted = {w: groups - done.get(w, set()) for w, groups in plan.items()}
+        wanted = {w: groups for w, groups in wanted.items() if groups}
+        wanted.setdefault(window, set()).add(scope.kind)
+        for w, found in _windows_figures(wanted).items():
+            table.setdefault(w, {}).update(found)
+            done.setdefault(w, set()).update(wanted[w])
+    return table[window].get(str(scope))
 
 
 # --- a GPU's hours from its rollups ----------------------------------------------------------

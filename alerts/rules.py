@@ -123,6 +123,9 @@ class RuleKind:
     advice: str  # what to do about it, in the email
     money: bool = False
     symbols: tuple[str, ...] = ()
+    # Called for every rule of this kind before any is measured, so that figures read for
+    # several rules are read together (alerts.figures.scope_plan).
+    plan: Callable[[RuleConfig, Window], None] | None = None
 
     def breaches(self, value: Decimal, threshold: Decimal) -> bool:
         return value > threshold if self.above else value < threshold
@@ -216,6 +219,10 @@ def _gpu_offline_minutes(rule: RuleConfig, window: Window, now: dt.datetime) -> 
     ]
 
 
+def _scope_plan(rule: RuleConfig, window: Window) -> None:
+    figures.scope_plan(window=window, scope=rule.scope)
+
+
 def _scope_figure(attribute: str) -> MeasureFn:
     def measure(rule: RuleConfig, window: Window, now: dt.datetime) -> list[Measurement]:
         found = figures.scope_figures(window=window, scope=rule.scope)
@@ -294,6 +301,7 @@ rule_kind_register(
     RuleKind(
         name="utilization_below",
         measure=_scope_figure("utilization"),
+        plan=_scope_plan,
         unit=SHARE,
         window=WINDOW_HOURS,
         above=False,
@@ -309,6 +317,7 @@ rule_kind_register(
     RuleKind(
         name="idle_cost_above",
         measure=_scope_figure("idle_cost"),
+        plan=_scope_plan,
         unit=MONEY,
         window=WINDOW_HOURS,
         above=True,
@@ -325,6 +334,7 @@ rule_kind_register(
     RuleKind(
         name="budget_month",
         measure=_scope_figure("total_cost"),
+        plan=_scope_plan,
         unit=MONEY,
         window=WINDOW_MONTH,
         above=True,

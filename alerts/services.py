@@ -279,6 +279,7 @@ def alerts_evaluate(*, now: dt.datetime | None = None) -> EvaluationResult:
     result = EvaluationResult()
     created: list[int] = []
     with figures.memo():
+        planned = []
         for rule in Rule.objects.filter(active=True).order_by("position", "name"):
             kind = RULE_KINDS.get(rule.kind)
             if kind is None:  # applied by a version that knew this kind
@@ -286,6 +287,10 @@ def alerts_evaluate(*, now: dt.datetime | None = None) -> EvaluationResult:
                 continue
             config = rule_config(rule)
             window = kind.window_of(config, now)
+            if kind.plan is not None:
+                kind.plan(config, window)
+            planned.append((rule, kind, config, window))
+        for rule, kind, config, window in planned:
             try:
                 measurements = kind.measure(config, window, now)
             except DatabaseError:

@@ -50,10 +50,17 @@ def broker() -> Iterator[None]:
 
 
 def rules_apply(*tables: dict[str, Any]) -> Any:
-    """Apply a fleet document holding only these ``[[alerts]]`` (plus the currency)."""
-    from billing.services import fleet_document_apply
+    """Apply these ``[[alerts]]`` as fleet_apply does (the section alone: a whole document
+    would also make the cost profiles exactly its own, i.e. none)."""
+    from django.db import transaction
 
-    return fleet_document_apply(document={"currency": "USD", "alerts": list(tables)})
+    from alerts.fleetfile import alerts_section_apply
+    from fleet.services import ApplyResult
+
+    result = ApplyResult()
+    with transaction.atomic():
+        alerts_section_apply(document={"alerts": list(tables)}, result=result)
+    return result
 
 
 def open_alert(rule: Any, subject: str = "gpu:GPU-a", **values: Any) -> Any:
