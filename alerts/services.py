@@ -148,27 +148,45 @@ def _deliveries(
     ]
 
 
-def _open(rule: Rule, m: Measurement, window: Window, now: dt.datetime) -> Alert | None:
-    """Insert the open alert, or None when another evaluator's insert won."""
+def _open(
+    rule: Rule, measurements: list[Measurement], window: Window, now: dt.datetime
+) -> list[tuple[Alert, Measurement]]:
+    """Insert the open alerts; those whose insert another evaluator won are left out.
+
+    One INSERT for all of them; should any (rule, subject) be open already (a race), each is
+    inserted alone in its own savepoint, and a lost race rolls back that insert only."""
+    rows = [
+        Alert(
+            rule=rule,
+            subject=m.subject,
+            subject_label=m.label,
+            value=m.value,
+            peak_value=m.value,
+            threshold=rule.threshold,
+            window_start=window.start,
+            window_end=window.end,
+            firing_since=now,
+            last_notified_at=now,
+            notices=1,
+            evaluated_at=now,
+        )
+        for m in measurements
+    ]
     try:
-        # A savepoint: losing the race rolls back this insert only, not the rule's work.
         with transaction.atomic():
-            return Alert.objects.create(
-                rule=rule,
-                subject=m.subject,
-                subject_label=m.label,
-                value=m.value,
-                peak_value=m.value,
-                threshold=rule.threshold,
-                window_start=window.start,
-                window_end=window.end,
-                firing_since=now,
-                last_notified_at=now,
-                notices=1,
-                evaluated_at=now,
-            )
+            return list(zip(Alert.objects.bulk_create(rows), measurements, strict=True))
     except IntegrityError:
-        return None
+        pass
+    won = []
+    for row, m in zip(rows, measurements, strict=True):
+        try:
+            with transaction.atomic():
+                row.pk = None
+                row.save(force_insert=True)
+            won.append((row, m))
+        except IntegrityError:
+            continue
+    return won
 
 
 def _rule_settle(
@@ -190,32 +208,24 @@ def _rule_settle(
         open_alerts = {
             a.subject: a for a in Alert.objects.filter(rule=rule, resolved_at__isnull=True)
         }
-        for subject in sorted(breaching | open_alerts.keys()):
-            alert = open_alerts.get(subject)
-            m = values.get(subject)
-            if alert is None:
-                assert m is not None
-                alert = _open(rule, m, window, now)
-                if alert is not None:
-                    result.started += 1
-                    result.firing += 1
-                    created += _deliveries(
-                        alert,
-                        config,
-                        event=EVENT_FIRING,
-                        sequence=1,
-                        measurement=m,
-                        window=window,
-                        now=now,
-                    )
-                continue
+        # New alerts first, in one statement (subjects in order, as every evaluator).
+        starting = [values[s] for s in sorted(breaching - open_alerts.keys())]
+        for alert, m in _open(rule, starting, window, now) if starting else []:
+            result.started += 1
+            result.firing += 1
+            created += _deliveries(
+                alert, config, event=EVENT_FIRING, sequence=1, measurement=m, window=window, now=now
+            )
+        for subject in sorted(open_alerts):
+            alert = open_alerts[subject]
             changes: dict[str, Any] = {
                 "threshold": config.threshold,
                 "window_start": window.start,
                 "window_end": window.end,
                 "evaluated_at": now,
             }
-            if m is not None:
+            if subject in values:
+                m = values[subject]
                 changes["value"] = m.value
             else:  # the subject left the scope or has no data: its last value stands
                 m = Measurement(subject, alert.subject_label, alert.value or Decimal(0))

@@ -79,12 +79,16 @@ def target_display(target: str) -> str:
 
 
 def targets_for(rule: RuleConfig, measurement: Measurement) -> list[str]:
-    """The concrete targets of one notice: the rule's, with symbols resolved for the subject
-    (an unknown address resolves to nothing), each once, in the rule's order."""
+    """The concrete targets of one notice: the rule's (checked when the file was applied),
+    with symbols resolved for the subject (what a resolver returns is checked here, and
+    what fails is dropped), each once, in the rule's order."""
     out: list[str] = []
     for entry in rule.notify:
-        resolved = SYMBOLS[entry](rule, measurement) if entry in SYMBOLS else [entry]
-        for target in resolved:
+        if entry not in SYMBOLS:
+            if entry not in out:
+                out.append(entry)
+            continue
+        for target in SYMBOLS[entry](rule, measurement):
             if target not in out and target_error(target) is None:
                 out.append(target)
     return out

@@ -9,12 +9,15 @@ The data set is bench/dashboard.py's, built by its own builder in the same throw
 rollups (1,000 × 90 days = 2.16 M rows), every GPU reporting until now.
 
 Reference: the overview page's queries, ``billing.selectors.fleet_overview`` (the cards and
-the daily trend, what the overview view computes) over the last 30 days, the dashboard's
-default range and the longest window of the rules. Measured: ``alerts.services.
-alerts_evaluate()`` with 20 rules of every kind over windows of 24 h, 7 days, 30 days and the
-month to date (settings, figures, state changes, deliveries written; the deliveries are their
-own Celery tasks, so their dispatch is left out). First the evaluation that opens the alerts,
-then ``--repeat`` steady ones five minutes apart, as beat runs them; medians of warm runs.
+the daily trend: what the overview view computes), over the data set's days (the issue's
+"same window") and, beside it, over the dashboard's default 30 days. Measured:
+``alerts.services.alerts_evaluate()`` with 20 rules of every kind (windows of 24 h and 7 days
+and the month to date; settings, figures, state changes and deliveries written; the
+deliveries are their own Celery tasks, so their dispatch is left out). First the evaluation
+that opens the alerts (none open before it) and a steady one (after a warm-up one; a minute
+apart within the hour after the last rollup, every GPU reporting), ``--repeat`` times each;
+medians, each run interleaved with the references so that load from neighbours on shared
+cores hits all alike. The goal is checked against the slower of the two.
 
 Goal (issue 17): one evaluation ≤ 2× the reference, both measured in this run.
 """
@@ -74,10 +77,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=1000)
     parser.add_argument("--days", type=int, default=90)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs (at most 25)")
     parser.add_argument("--keep", action="store_true", help="keep the database")
     parser.add_argument("--reuse", action="store_true", help="reuse a kept database")
     args = parser.parse_args()
+    args.repeat = max(1, min(25, args.repeat))  # two evaluations a run, within one hour
 
     import django
 
@@ -102,7 +106,6 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace, name: str) -> int:
-    from django.utils import timezone
 
     from alerts import services
     from alerts.models import Alert, Delivery
@@ -117,14 +120,17 @@ def run(args: argparse.Namespace, name: str) -> int:
         start, end = build_fleet(args.gpus, args.days)
     gpus = Gpu.objects.count()
     print(f"database {name}: {gpus} GPUs, rollups {start:%Y-%m-%d %H:%M} to {end:%H:%M} UTC")
-    # Every GPU reported just now, whenever the data set was built.
-    Gpu.objects.update(last_seen_at=timezone.now())
+    # The evaluations run in the hour after the data set's last rollup hour, a minute apart,
+    # with every GPU seen at its start: a fleet that reports, as the rules see it every 5
+    # minutes (time stands still for the GPUs, so none drifts offline during the runs).
+    base = end + dt.timedelta(minutes=1)
+    Gpu.objects.update(last_seen_at=base)
     Alert.objects.all().delete()
     fleet_document_apply(document={"currency": "USD", "alerts": rules()})
     services.deliveries_dispatch = lambda ids: None  # each delivery is its own task
 
     zone = FleetSettings.load().report_zone
-    today = timezone.now().astimezone(zone).date()
+    today = base.astimezone(zone).date()
     # The overview over the data set's days (bench/dashboard.py's range), and over the
     # dashboard's default 30 days: the two readings of "the same window".
     ranges = {
@@ -138,42 +144,50 @@ def run(args: argparse.Namespace, name: str) -> int:
     def overview(first: dt.date, last: dt.date) -> None:
         selectors.fleet_overview(start=first, end=last + dt.timedelta(days=1))
 
-    now = timezone.now()
-    t0 = time.perf_counter()
-    opened = alerts_evaluate(now=now)
-    first_ms = (time.perf_counter() - t0) * 1000
-    print(f"  first evaluation: {opened.summary()}")
+    opened = alerts_evaluate(now=base)
+    print(f"  an evaluation that opens the alerts: {opened.summary()}")
     print(f"  {Alert.objects.count()} alerts, {Delivery.objects.count()} deliveries written")
 
     steps = iter(range(1, 10_000))
 
     def steady() -> None:
-        alerts_evaluate(now=now + dt.timedelta(minutes=5 * next(steps)))
+        alerts_evaluate(now=base + dt.timedelta(minutes=next(steps)))
 
-    # Interleaved, so that a neighbour's load on the shared cores hits both alike; each
-    # timed call comes right after a warm-up call of its own (bench.dashboard.timed).
-    evaluation: list[float] = []
+    def opening() -> float:
+        Alert.objects.all().delete()  # not timed: the alerts and their deliveries go
+        t0 = time.perf_counter()
+        alerts_evaluate(now=base)
+        return (time.perf_counter() - t0) * 1000
+
+    # Interleaved, so that a neighbour's load on the shared cores hits all alike; each
+    # timed steady call and reference comes right after a warm-up call of its own
+    # (bench.dashboard.timed); the opening one after a steady run.
+    runs: dict[str, list[float]] = {"steady": [], "opening": []}
     references: dict[str, list[float]] = {label: [] for label in ranges}
     for _ in range(args.repeat):
-        evaluation += timed(steady, 1)
+        runs["opening"].append(opening())
+        runs["steady"] += timed(steady, 1)
         for label, (first, last) in ranges.items():
             references[label] += timed(functools.partial(overview, first, last), 1)
-    eval_ms = statistics.median(evaluation)
+    measured = {name: statistics.median(times) for name, times in runs.items()}
     print(f"\n{gpus} GPUs × {args.days} days of rollups, {len(rules())} rules, {args.repeat} runs:")
-    print(f"  alerts_evaluate, steady (every 5 min)      {eval_ms:8.0f} ms")
-    print(f"  alerts_evaluate, first (opens the alerts)  {first_ms:8.0f} ms (one run)")
-    ratios = {}
+    print(f"  alerts_evaluate, steady (every 5 min)        {measured['steady']:8.0f} ms")
+    print(
+        f"  alerts_evaluate, opening {opened.started} alerts          {measured['opening']:8.0f} ms"
+    )
+    ratios: dict[str, float] = {}
     for label, times in references.items():
         ref_ms = statistics.median(times)
-        ratios[label] = eval_ms / ref_ms
+        ratios[label] = max(measured.values()) / ref_ms
+        per_steady, per_opening = measured["steady"] / ref_ms, measured["opening"] / ref_ms
         print(
-            f"  reference: overview queries, {label:<28} {ref_ms:8.0f} ms   "
-            f"ratio {eval_ms / ref_ms:.2f}× steady, {first_ms / ref_ms:.2f}× first"
+            f"  reference: overview queries, {label:<28} {ref_ms:6.0f} ms   "
+            f"ratio {per_steady:.2f}× steady, {per_opening:.2f}× opening"
         )
     ratio = next(iter(ratios.values()))
     print(
-        f"\nratio evaluation / overview over the same {args.days} days: {ratio:.2f}× "
-        f"(goal ≤ {GOAL_RATIO:.0f}×): {'met' if ratio <= GOAL_RATIO else 'NOT met'}"
+        f"\nratio evaluation / overview over the same {args.days} days, the slower evaluation: "
+        f"{ratio:.2f}× (goal ≤ {GOAL_RATIO:.0f}×): {'met' if ratio <= GOAL_RATIO else 'NOT met'}"
     )
     return 0
 
