@@ -27,6 +27,7 @@ def evaluate(now: dt.datetime, capture: Any) -> Any:
         return alerts_evaluate()
 
 
+@pytest.mark.smoke
 def test_an_alert_walks_from_firing_through_repeat_to_resolved(
     worked_example: Any,
     eager: None,

@@ -36,6 +36,7 @@ def training(db: Any) -> None:
     Team.objects.create(name="research")
 
 
+@pytest.mark.smoke
 def test_the_example_file_sets_its_rules_and_a_second_apply_changes_nothing(capsys: Any) -> None:
     call_command("fleet_apply", str(EXAMPLE))
     first = capsys.readouterr().out.strip().splitlines()[-1]

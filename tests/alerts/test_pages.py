@@ -85,6 +85,7 @@ def _page(role_client: Any, role: str, query: str = "") -> str:
     return str(response.content.decode())
 
 
+@pytest.mark.smoke
 def test_the_page_lists_firing_alerts_first_then_history_and_the_rules(
     alerts: dict[str, Any], role_client: Any
 ) -> None:
