@@ -5,8 +5,6 @@ every attempt recorded; a real Celery worker in which a hanging receiver delays 
 from __future__ import annotations
 
 import datetime as dt
-import os
-import signal
 import subprocess
 import uuid as uuidlib
 from decimal import Decimal
@@ -310,6 +308,7 @@ def test_in_a_worker_a_hanging_receiver_delays_no_other(
     from config.celery import worker_argv
     from fleet.models import FleetSettings
     from tests.billing.conftest import FleetBuilder
+    from tests.deploy.test_worker_watchdog import _stop as worker_stop
     from tests.reliability.conftest import db_url_for_test, server_env, wait_for
 
     FleetSettings.load()
@@ -387,13 +386,7 @@ def test_in_a_worker_a_hanging_receiver_delays_no_other(
         assert hanging.value == Decimal(8)
     finally:
         hang.release.set()
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(timeout=10)
+        worker_stop(worker)
         sender.close()
         import redis
 
