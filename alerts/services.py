@@ -2,7 +2,8 @@
 (``delivery_attempt``), both settled in the database so that a restart, a retried task or two
 evaluations at once never notify twice (the healthchecks pattern).
 
-Evaluation, per rule: measure (``alerts.rules``), then in one transaction
+Evaluation: every rule is measured first (``alerts.rules``; reads only), then all are settled
+in one transaction
 - a subject past the threshold with no open alert: insert one. A partial unique index allows
   one open alert per (rule, subject); the evaluator whose insert loses the race gets an
   IntegrityError in a savepoint and sends nothing;
@@ -148,127 +149,109 @@ def _deliveries(
     ]
 
 
+@dataclass(frozen=True)
+class _Measured:
+    """One rule of an evaluation with what it measured."""
+
+    rule: Rule
+    kind: RuleKind
+    config: RuleConfig
+    window: Window
+    measurements: list[Measurement]
+
+
 def _open(
-    rule: Rule, measurements: list[Measurement], window: Window, now: dt.datetime
-) -> list[tuple[Alert, Measurement]]:
+    starting: list[tuple[_Measured, Measurement]], now: dt.datetime
+) -> list[tuple[Alert, _Measured, Measurement]]:
     """Insert the open alerts; those whose insert another evaluator won are left out.
 
     One INSERT for all of them; should any (rule, subject) be open already (a race), each is
     inserted alone in its own savepoint, and a lost race rolls back that insert only."""
     rows = [
         Alert(
-            rule=rule,
+            rule=r.rule,
             subject=m.subject,
             subject_label=m.label,
             value=m.value,
             peak_value=m.value,
-            threshold=rule.threshold,
-            window_start=window.start,
-            window_end=window.end,
+            threshold=r.config.threshold,
+            window_start=r.window.start,
+            window_end=r.window.end,
             firing_since=now,
             last_notified_at=now,
             notices=1,
             evaluated_at=now,
         )
-        for m in measurements
+        for r, m in starting
     ]
     try:
         with transaction.atomic():
-            return list(zip(Alert.objects.bulk_create(rows), measurements, strict=True))
+            created = Alert.objects.bulk_create(rows)
+        return [(a, r, m) for a, (r, m) in zip(created, starting, strict=True)]
     except IntegrityError:
         pass
     won = []
-    for row, m in zip(rows, measurements, strict=True):
+    for row, (r, m) in zip(rows, starting, strict=True):
         try:
             with transaction.atomic():
                 row.pk = None
                 row.save(force_insert=True)
-            won.append((row, m))
+            won.append((row, r, m))
         except IntegrityError:
             continue
     return won
 
 
-def _rule_settle(
-    rule: Rule,
-    config: RuleConfig,
-    kind: RuleKind,
-    window: Window,
-    measurements: list[Measurement],
-    now: dt.datetime,
-    result: EvaluationResult,
-) -> list[int]:
-    """Bring the rule's alerts in line with its measurements; the ids of the deliveries
-    created. One transaction; subjects in one order, so two evaluators lock rows alike."""
-    values = {m.subject: m for m in measurements}
-    breaching = {s for s, m in values.items() if kind.breaches(m.value, config.threshold)}
+def _settle(measured: list[_Measured], now: dt.datetime, result: EvaluationResult) -> list[int]:
+    """Bring every rule's alerts in line with its measurements, in one transaction; the ids
+    of the deliveries created. New alerts first, then the open ones; rules and subjects in
+    one order, so that two evaluators take row locks alike and never deadlock."""
     created: list[Delivery] = []
     quiet: list[Alert] = []
     with transaction.atomic():
-        open_alerts = {
-            a.subject: a for a in Alert.objects.filter(rule=rule, resolved_at__isnull=True)
-        }
-        # New alerts first, in one statement (subjects in order, as every evaluator).
-        starting = [values[s] for s in sorted(breaching - open_alerts.keys())]
-        for alert, m in _open(rule, starting, window, now) if starting else []:
+        open_by_rule: dict[int, dict[str, Alert]] = {r.rule.pk: {} for r in measured}
+        for alert in Alert.objects.filter(
+            rule_id__in=list(open_by_rule), resolved_at__isnull=True
+        ).order_by():
+            open_by_rule[alert.rule_id][alert.subject] = alert
+        values: dict[int, dict[str, Measurement]] = {}
+        breaching: dict[int, set[str]] = {}
+        starting: list[tuple[_Measured, Measurement]] = []
+        for r in measured:
+            values[r.rule.pk] = {m.subject: m for m in r.measurements}
+            breaching[r.rule.pk] = {
+                s
+                for s, m in values[r.rule.pk].items()
+                if r.kind.breaches(m.value, r.config.threshold)
+            }
+            starting += [
+                (r, values[r.rule.pk][s])
+                for s in sorted(breaching[r.rule.pk] - open_by_rule[r.rule.pk].keys())
+            ]
+        for alert, r, m in _open(starting, now) if starting else []:
             result.started += 1
             result.firing += 1
             created += _deliveries(
-                alert, config, event=EVENT_FIRING, sequence=1, measurement=m, window=window, now=now
-            )
-        for subject in sorted(open_alerts):
-            alert = open_alerts[subject]
-            changes: dict[str, Any] = {
-                "threshold": config.threshold,
-                "window_start": window.start,
-                "window_end": window.end,
-                "evaluated_at": now,
-            }
-            if subject in values:
-                m = values[subject]
-                changes["value"] = m.value
-            else:  # the subject left the scope or has no data: its last value stands
-                m = Measurement(subject, alert.subject_label, alert.value or Decimal(0))
-            if subject in breaching:
-                changes["peak_value"] = _worse(kind, alert.peak_value, m.value)
-                due = rule.repeat_hours and now >= alert.last_notified_at + dt.timedelta(
-                    hours=rule.repeat_hours
-                )
-                if not due:
-                    # Figures only; an alert whose figures did not move is not written.
-                    moved = [k for k, v in changes.items() if getattr(alert, k) != v]
-                    if set(moved) - {"evaluated_at"}:
-                        for name in moved:
-                            setattr(alert, name, changes[name])
-                        quiet.append(alert)
-                    result.firing += 1
-                    continue
-                event = EVENT_REPEAT
-                changes["last_notified_at"] = now
-            else:
-                event = EVENT_RESOLVED
-                changes["resolved_at"] = now
-            # The compare-and-swap: of all evaluators that got here, one changes the row.
-            won = Alert.objects.filter(
-                pk=alert.pk, resolved_at__isnull=True, notices=alert.notices
-            ).update(notices=alert.notices + 1, **changes)
-            if event == EVENT_REPEAT:
-                result.firing += 1
-            if won != 1:
-                continue
-            if event == EVENT_REPEAT:
-                result.repeated += 1
-            else:
-                result.resolved += 1
-            created += _deliveries(
                 alert,
-                config,
-                event=event,
-                sequence=alert.notices + 1,
+                r.config,
+                event=EVENT_FIRING,
+                sequence=1,
                 measurement=m,
-                window=window,
+                window=r.window,
                 now=now,
             )
+        for r in measured:
+            rule_values, rule_breaching = values[r.rule.pk], breaching[r.rule.pk]
+            for subject, alert in sorted(open_by_rule[r.rule.pk].items()):
+                created += _advance(
+                    r,
+                    alert,
+                    rule_values.get(subject),
+                    subject in rule_breaching,
+                    now,
+                    result,
+                    quiet,
+                )
         if quiet:
             # Figures only, no notice: a race with a resolving evaluator changes nothing that
             # matters (the row keeps its resolution and gets the same numbers).
@@ -282,12 +265,74 @@ def _rule_settle(
     return [d.pk for d in created]
 
 
+def _advance(
+    r: _Measured,
+    alert: Alert,
+    m: Measurement | None,
+    breaching: bool,
+    now: dt.datetime,
+    result: EvaluationResult,
+    quiet: list[Alert],
+) -> list[Delivery]:
+    """One open alert: new figures (``quiet``), a repeat or a resolution; the deliveries of
+    the notice if this evaluator won it."""
+    changes: dict[str, Any] = {
+        "threshold": r.config.threshold,
+        "window_start": r.window.start,
+        "window_end": r.window.end,
+        "evaluated_at": now,
+    }
+    if m is not None:
+        changes["value"] = m.value
+    else:  # the subject left the scope or has no data: its last value stands
+        m = Measurement(alert.subject, alert.subject_label, alert.value or Decimal(0))
+    if breaching:
+        result.firing += 1
+        changes["peak_value"] = _worse(r.kind, alert.peak_value, m.value)
+        repeat = r.config.repeat_hours
+        if not repeat or now < alert.last_notified_at + dt.timedelta(hours=repeat):
+            # Figures only; an alert whose figures did not move is not written.
+            moved = [k for k, v in changes.items() if getattr(alert, k) != v]
+            if set(moved) - {"evaluated_at"}:
+                for name in moved:
+                    setattr(alert, name, changes[name])
+                quiet.append(alert)
+            return []
+        event = EVENT_REPEAT
+        changes["last_notified_at"] = now
+    else:
+        event = EVENT_RESOLVED
+        changes["resolved_at"] = now
+    # The compare-and-swap: of all evaluators that got here, one changes the row.
+    won = Alert.objects.filter(pk=alert.pk, resolved_at__isnull=True, notices=alert.notices).update(
+        notices=alert.notices + 1, **changes
+    )
+    if won != 1:
+        return []
+    if event == EVENT_REPEAT:
+        result.repeated += 1
+    else:
+        result.resolved += 1
+    return _deliveries(
+        alert,
+        r.config,
+        event=event,
+        sequence=alert.notices + 1,
+        measurement=m,
+        window=r.window,
+        now=now,
+    )
+
+
 def alerts_evaluate(*, now: dt.datetime | None = None) -> EvaluationResult:
     """Evaluate every active rule once (DESIGN.md §8.3), then hand the new deliveries and the
-    overdue ones to their tasks. Safe to run twice at once, or again after a crash."""
+    overdue ones to their tasks. Safe to run twice at once, or again after a crash.
+
+    Every rule is planned, then measured (reads only), then all are settled in one short
+    transaction, so no lock is held while figures are read."""
     now = now or timezone.now()
     result = EvaluationResult()
-    created: list[int] = []
+    measured: list[_Measured] = []
     with figures.memo():
         planned = []
         for rule in Rule.objects.filter(active=True).order_by("position", "name"):
@@ -309,8 +354,9 @@ def alerts_evaluate(*, now: dt.datetime | None = None) -> EvaluationResult:
                 logger.exception("alert rule %s failed", rule.name)
                 result.errors.append(f"{rule.name}: {type(exc).__name__}")
                 continue
-            result.rules += 1
-            created += _rule_settle(rule, config, kind, window, measurements, now, result)
+            measured.append(_Measured(rule, kind, config, window, measurements))
+    result.rules = len(measured)
+    created = _settle(measured, now, result)
     # After commit: a worker must find the rows it is handed (a caller's transaction, a test's).
     transaction.on_commit(lambda: deliveries_dispatch(created))
     result.resent = deliveries_sweep(now=now, exclude=created)

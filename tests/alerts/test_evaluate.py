@@ -168,6 +168,27 @@ def test_alerts_evaluate_prints_its_result_on_the_last_line(worked_example: Any)
 
 
 # --- two evaluators at once ----------------------------------------------------------------
+def _meet_before(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Two evaluators meet before their first write: the first call of each named step of
+    ``alerts.services`` in each thread waits for the other thread's, so both have read the
+    open alerts before either inserts or compares-and-swaps (without this the faster one is
+    often done before the other reads, and no write ever races)."""
+    from alerts import services
+
+    for name in names:
+        barrier = threading.Barrier(2, timeout=30)
+        met = threading.local()
+        original = getattr(services, name)
+
+        def meeting(*args: Any, _o: Any = original, _b: Any = barrier, _m: Any = met) -> Any:
+            if not getattr(_m, "done", False):
+                _m.done = True
+                _b.wait()
+            return _o(*args)
+
+        monkeypatch.setattr(services, name, meeting)
+
+
 def _race(now: dt.datetime, evaluators: int = 2) -> list[Any]:
     """``evaluators`` threads, each with its own connection, start ``alerts_evaluate`` at the
     same instant (a barrier) with the same ``now``."""
@@ -195,7 +216,9 @@ def _race(now: dt.datetime, evaluators: int = 2) -> list[Any]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_evaluators_at_once_notify_once(postgres: None, eager: None) -> None:
+def test_two_evaluators_at_once_notify_once(
+    postgres: None, eager: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fleet.models import FleetSettings
     from tests.billing.conftest import FleetBuilder
 
@@ -242,6 +265,7 @@ def test_two_evaluators_at_once_notify_once(postgres: None, eager: None) -> None
     # 4 GPUs × 2 targets + 4 GPUs × 1 target + the fleet × 1 target, per notice round.
     per_round = 4 * 2 + 4 + 1
 
+    _meet_before(monkeypatch, "_open", "_advance")
     opened = _race(at("2026-03-02T12"))
     assert sum(r.started for r in opened) == 9
     assert Alert.objects.filter(resolved_at__isnull=True).count() == 9
