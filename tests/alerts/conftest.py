@@ -81,6 +81,71 @@ def open_alert(rule: Any, subject: str = "gpu:GPU-a", **values: Any) -> Any:
     )
 
 
+def seed_alerts() -> dict[str, Any]:
+    """What evaluations would have left: a firing GPU alert told by email and by a webhook
+    that failed, a firing budget alert (money, in EUR), and a resolved one."""
+    import datetime as dt
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from alerts.models import Delivery, Rule
+    from fleet.models import FleetSettings, Pool
+
+    Pool.objects.create(name="training")
+    rules_apply(
+        {
+            "name": "held-idle",
+            "rule": "gpu_held_hours",
+            "scope": "pool:training",
+            "threshold": 4,
+            "notify": ["mailto:ops@example.com", "https://hooks.slack.example/T000/B000/s3cr3t"],
+        },
+        {"name": "budget", "rule": "budget_month", "threshold": "1000.00"},
+    )
+    FleetSettings.objects.update_or_create(pk=1, defaults={"currency": "EUR"})
+    held, budget = Rule.objects.get(name="held-idle"), Rule.objects.get(name="budget")
+    now = timezone.now()
+    firing = open_alert(
+        held,
+        "gpu:GPU-a",
+        subject_label="gpu-07#0",
+        value=Decimal("6.25"),
+        peak_value=Decimal("7"),
+        window_start=now - dt.timedelta(hours=24),
+        window_end=now,
+        now=now - dt.timedelta(hours=3),
+    )
+    for target, status in (
+        ("mailto:ops@example.com", "sent"),
+        ("https://hooks.slack.example/T000/B000/s3cr3t", "failed"),
+    ):
+        Delivery.objects.create(
+            alert=firing,
+            event="firing",
+            sequence=1,
+            channel="email" if target.startswith("mailto:") else "webhook",
+            target=target,
+            value=firing.value,
+            threshold=firing.threshold,
+            created_at=now,
+            next_attempt_at=now,
+            status=status,
+            attempts=1,
+        )
+    money = open_alert(budget, "fleet", subject_label="Fleet", value=Decimal("1234.567"))
+    old = open_alert(
+        held,
+        "gpu:GPU-b",
+        subject_label="gpu-07#1",
+        value=Decimal("3"),
+        now=now - dt.timedelta(days=2),
+    )
+    old.resolved_at = now - dt.timedelta(days=1)
+    old.save()
+    return {"firing": firing, "money": money, "old": old}
+
+
 # --- HTTP receivers --------------------------------------------------------------------------
 @dataclass
 class Received:
