@@ -150,22 +150,32 @@ def build_fleet(gpus: int, days: int) -> tuple[dt.datetime, dt.datetime]:
         )
         for i in range(gpus)
     )
-    # One statement: every GPU × every hour, utilisation varying by GPU and hour of day.
+    # One statement: every GPU × every hour, utilisation varying by GPU and hour of day. The
+    # usage sums not written out here (the profiling ones) are 0, whatever USAGE_SUMS holds.
+    from telemetry.models import USAGE_SUM_COLUMNS
+
+    written = (
+        "samples observed_s air_s held_s parked_s energy_j idle_energy_j idle_s"
+        " throttle_power_cap_s throttle_thermal_s throttle_hw_slowdown_s throttle_other_s"
+        " throttle_any_s sm_active_s sm_observed_s"
+    ).split()
+    zeros = [c for c in USAGE_SUM_COLUMNS if c not in written]
     t0 = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             INSERT INTO telemetry_hourlyusage (
                 gpu_id, hour, node_id, pool_id, team_id, site_id, samples, observed_s, air_s,
                 held_s, parked_s, energy_j, idle_energy_j, idle_s, power_w_mean, power_w_max,
                 temp_c_max, util_pct_mean, mem_util_pct_mean, throttle_power_cap_s,
                 throttle_thermal_s, throttle_hw_slowdown_s, throttle_other_s, throttle_any_s,
-                sm_active_s, sm_observed_s, computed_at)
+                sm_active_s, sm_observed_s, {"".join(c + ", " for c in zeros)}computed_at)
             SELECT g.id, h, n.id, p.id, p.team_id, p.site_id, 60, 3600, 3600 * u.u,
                    3600 * (1 - u.u) * 0.5, 3600 * (1 - u.u) * 0.5,
                    3600 * (69 + 560 * u.u), CASE WHEN u.u < 0.05 THEN 3600 * 69 ELSE 0 END,
                    CASE WHEN u.u < 0.05 THEN 3600 ELSE 0 END, 69 + 560 * u.u, 700,
-                   40 + 40 * u.u, 100 * u.u, 50 * u.u, 0, 0, 0, 0, 0, 0, 0, now()
+                   40 + 40 * u.u, 100 * u.u, 50 * u.u, 0, 0, 0, 0, 0, 0, 0,
+                   {"0, " * len(zeros)}now()
             FROM fleet_gpu g JOIN fleet_node n ON n.id = g.node_id
             JOIN fleet_pool p ON p.id = n.pool_id
             CROSS JOIN generate_series(%s::timestamptz, %s::timestamptz - interval '1 hour',
