@@ -239,6 +239,28 @@ def http_run(server: Any, token: str, bodies: list[bytes], rows_per_body: int) -
     return len(bodies) * rows_per_body / elapsed
 
 
+def side_measurements(server: Any, token: str, bodies: Any, rounds: int) -> dict[str, float]:
+    """Median ms of an 8-sample push through the in-process server, alternating round by round:
+    with node tokens' facts cached (the default), looked up on every push (what the cache
+    saves, docs/benchmarks.md), and with two workloads per sample (issue 14's goal)."""
+    from fleet import authentication
+
+    times: dict[str, list[float]] = {"cache on": [], "cache off": [], "workloads": []}
+    ttl = authentication.NODE_TOKEN_CACHE_TTL_S
+    try:
+        for _ in range(max(rounds, 3)):
+            for name in times:
+                authentication.NODE_TOKEN_CACHE_TTL_S = 0.0 if name == "cache off" else ttl
+                authentication.node_token_cache_clear()
+                batch = bodies(8, 61, workloads=2 if name == "workloads" else 0)
+                http_run(server, token, batch[:1], 8)  # warm: the cache, the statements
+                rate = http_run(server, token, batch[1:], 8)
+                times[name].append(8 / rate * 1e3)
+    finally:
+        authentication.NODE_TOKEN_CACHE_TTL_S = ttl
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def empty_push_ms(server: Any, token: str, n: int = 100) -> float:
     """Median ms of a push with no samples: the fixed cost of a request (auth, throttle,
     metrics, Django and DRF), to read the small-batch ratio against."""
@@ -376,10 +398,19 @@ def main() -> None:
     ref_batches = Batches(ref_uuids, top)
     block = gpus_block(http_uuids)
 
-    def bodies(size: int, n: int) -> list[bytes]:
+    def bodies(size: int, n: int, workloads: int = 0) -> list[bytes]:
         out = []
         for _ in range(n):
             samples = [sample_dict(u, s, k) for u, s, k in http_batches.take(size)]
+            for i, sample in enumerate(samples):
+                if workloads:  # e.g. two Slurm jobs sharing the GPU, as issue 14 measures
+                    share = 60.0 / workloads
+                    air = share * sample["util_pct"] / 100
+                    sample["workloads"] = [
+                        {"kind": "slurm", "id": f"{4800 + (i + j) % 16}", "user": "bench",
+                         "account": "bench", "share_s": share, "air_s": air}
+                        for j in range(workloads)
+                    ]  # fmt: skip
             out.append(
                 json.dumps(
                     {
@@ -420,8 +451,7 @@ def main() -> None:
                         0.0,
                         0.0,
                         0.0,
-                        None,
-                        None,
+                        *(None,) * 9,  # active_s … workload_air_s: not sent by this agent
                         received,
                     )
                 )
@@ -450,6 +480,9 @@ def main() -> None:
                     results.setdefault((size, name), []).append(
                         http_run(server, token, bodies(size, n), size)
                     )
+        side: dict[str, float] = {}
+        if "wsgi" in servers:
+            side = side_measurements(servers["wsgi"], token, bodies, args.rounds)
         fixed_ms = {name: empty_push_ms(server, token) for name, server in servers.items()}
         floor_ms = {name: bare_view_ms(server) for name, server in servers.items()}
         extra_ms = required_ms()
@@ -510,8 +543,21 @@ def main() -> None:
     }
     for size in (8, 1000):
         print(f"decode + checks of {size:>5} samples, DRF and throttle: {work_ms[size]:.2f} ms")
+    if "wsgi" in servers:
+        on, off = side["cache on"], side["cache off"]
+        print(
+            f"8-sample push, token facts cached: {on:.2f} ms; looked up each push: {off:.2f} ms "
+            f"(the cache saves {off - on:.2f} ms, {1 - on / off:.0%})"
+        )
+        print(
+            f"8-sample push with 2 workloads per sample: {side['workloads']:.2f} ms, "
+            f"{side['workloads'] / on:.2f}× the same push without (goal ≤ 1.3)"
+        )
     if args.write_docs:
-        docs_write(summary, ratios, fixed_ms, floor_ms, work_ms, ceilings, names, args, load)
+        docs_write(
+            summary, ratios, fixed_ms, floor_ms, work_ms, ceilings, names, args, load,
+            side if "wsgi" in servers else None,
+        )  # fmt: skip
     for size in (8, 1000):
         for name in names:
             ratio = ratios[(size, name)]
@@ -535,6 +581,7 @@ def docs_write(
     names: list[str],
     args: argparse.Namespace,
     load: float,
+    side: dict[str, float] | None = None,
 ) -> None:
     pg = _pg_version()
     rows = []
@@ -568,6 +615,23 @@ def docs_write(
     capacity_ms = 1e3 * 8 / summary[(8, capacity_name)]
     capacity_words = _server_words(capacity_name)
     capacity_nodes = 60 / (capacity_ms / 1e3)
+    side_text = ""
+    if side:
+        on, off, wl = side["cache on"], side["cache off"], side["workloads"]
+        side_text = f"""
+Side measurements (8-sample pushes through Django's WSGI handler in-process, the three kinds
+alternating round by round, medians):
+
+| push | ms | against the default |
+|---|---:|---:|
+| default: node tokens' facts kept per process | {on:.2f} | |
+| the token looked up on every push (no cache) | {off:.2f} | {off / on:.2f}× |
+| two workloads per sample (registered, stored) | {wl:.2f} | {wl / on:.2f}× (goal ≤ 1.3) |
+
+The one cache ingest keeps, the facts of node tokens that never change (id, hash, node), saves
+{off - on:.2f} ms of every push ({1 - on / off:.0%}); what changes (revocation, ownership of
+a GPU) is checked by the write itself.
+"""
     section = f"""## Ingest
 
 `python bench/ingest.py --server {args.server} --write-docs` ({dt.date.today().isoformat()};
@@ -581,11 +645,13 @@ primary key `(gpu_id, start)`, BRIN on `start`), one transaction per batch, warm
 Measured: the same shape of rows as JSON pushes to `POST /api/v1/ingest`, one request per
 batch, sequentially, each carrying its node's 8-GPU `gpus` block as the agent sends it: token
 authentication (cached per process; the secret checked every time), the per-node throttle (one
-Redis INCR), msgspec decoding and the per-sample checks, the GPUs (cached per process), then
+Redis INCR), msgspec decoding and the per-sample checks, the GPUs the push names (one
+prepared query: nothing about GPUs is cached), then
 - 8 samples: one prepared statement in autocommit — the samples, first/last seen, the hour
-  marks, the node row and the token's revocation check;
-- 1,000 samples: BEGIN, binary COPY, one prepared statement (first/last seen, hour marks),
-  COMMIT;
+  marks, the node row, and, checked in the write itself, each GPU's owner and the token's
+  revocation;
+- 1,000 samples: BEGIN, the token and the node's GPU rows checked (share-locked), binary COPY
+  in a savepoint, one prepared statement (first/last seen, hour marks), the node row, COMMIT;
 
 and the metrics counters (one Redis pipeline). Replays (duplicates) take the slower staging
 path and are not measured here.
@@ -607,8 +673,9 @@ ceiling is below the goal, no DRF view can meet the goal against this reference.
 
 What the numbers mean for sizing: at {capacity_ms:.2f} ms per 8-GPU push ({capacity_words}),
 one web process keeps up with about {capacity_nodes:,.0f} nodes ({8 * capacity_nodes:,.0f}
-GPUs) pushing every 60 s, on a core it shares with PostgreSQL here.
-"""
+GPUs) pushing every 60 s, on a core it shares with PostgreSQL here (the goal of issues 19 and
+22: ≥ 16,000 nodes).
+{side_text}"""
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
     pattern = re.compile(r"^## Ingest\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):

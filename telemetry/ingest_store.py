@@ -224,6 +224,45 @@ _WORKLOADS_IDS = """SELECT id, kind, key FROM telemetry_workload
 WHERE COALESCE(site_id, 0) = COALESCE({site}, 0) AND (kind, key) IN (VALUES {values})"""
 
 
+# PostgreSQL: the same in one prepared statement of constant text (the workloads travel as one
+# JSON parameter): rows that exist are read, new ones inserted, changed names updated. Within
+# one statement the INSERT's rows are not visible to a SELECT, so the ids come from both.
+_WORKLOADS_ONE_STATEMENT = f"""
+WITH wanted AS (
+    SELECT * FROM json_to_recordset(%s::json)
+        AS r(kind text, key text, user_name text, account text, name text)
+), site AS (
+    SELECT COALESCE({_NODE_SITE}, 0) AS id
+), live AS (
+    SELECT %s::int8 IS NULL OR EXISTS ({_TOKEN_LIVE}) AS ok
+), existing AS (
+    SELECT w.id, w.kind, w.key, w.user_name, w.account, w.name
+    FROM telemetry_workload AS w JOIN wanted AS x ON w.kind = x.kind AND w.key = x.key
+    WHERE COALESCE(w.site_id, 0) = (SELECT id FROM site)
+), added AS (
+    INSERT INTO telemetry_workload (site_id, kind, key, user_name, account, name, created_at)
+    SELECT NULLIF((SELECT id FROM site), 0), x.kind, x.key, x.user_name, x.account, x.name,
+           %s::timestamptz
+    FROM wanted AS x
+    WHERE (SELECT ok FROM live)
+      AND NOT EXISTS (SELECT 1 FROM existing AS e WHERE e.kind = x.kind AND e.key = x.key)
+    ON CONFLICT ((COALESCE(site_id, 0)), kind, key) DO NOTHING
+    RETURNING id, kind, key
+), renamed AS (
+    UPDATE telemetry_workload AS w SET
+        user_name = COALESCE(NULLIF(x.user_name, ''), w.user_name),
+        account = COALESCE(NULLIF(x.account, ''), w.account),
+        name = COALESCE(NULLIF(x.name, ''), w.name)
+    FROM existing AS e JOIN wanted AS x ON e.kind = x.kind AND e.key = x.key
+    WHERE w.id = e.id AND (SELECT ok FROM live)
+      AND ((x.user_name <> '' AND x.user_name <> e.user_name)
+           OR (x.account <> '' AND x.account <> e.account)
+           OR (x.name <> '' AND x.name <> e.name))
+)
+SELECT id, kind, key FROM existing UNION ALL SELECT id, kind, key FROM added
+"""  # noqa: S608 - constants of this module
+
+
 def workloads_register(
     *,
     node_id: int,
@@ -232,19 +271,38 @@ def workloads_register(
     now: dt.datetime,
 ) -> dict[tuple[str, str], int]:
     """The ids of the workloads a push of node ``node_id`` names ((kind, id) → (user,
-    account, name)), registering the new ones: two statements, whatever their number."""
+    account, name)), registering the new ones (only while token ``token_id`` is live)."""
     if not workloads:
         return {}
     keys = sorted(workloads)
+    if connection.vendor == "postgresql":
+        records = [
+            dict(
+                zip(
+                    ("kind", "key", "user_name", "account", "name"),
+                    (*k, *workloads[k]),
+                    strict=True,
+                )
+            )
+            for k in keys
+        ]
+        params = [msgspec.json.encode(records).decode(), node_id, token_id, token_id, now]
+        with prepared_cursor() as cursor:
+            cursor.execute(_WORKLOADS_ONE_STATEMENT, params)
+            ids = {(kind, key): pk for pk, kind, key in cursor.fetchall()}
+        if len(ids) == len(keys) or (token_id is not None and not token_live(token_id)):
+            return ids
+        # Another push registered one of them after this statement's snapshot was taken:
+        # the plain lookup below sees its row now.
     five = ", ".join(["(%s, %s, %s, %s, %s)"] * len(keys))
     two = ", ".join(["(%s, %s)"] * len(keys))
     upsert = _WORKLOADS_UPSERT.format(site=_NODE_SITE, values=five, token=_TOKEN_LIVE)
-    params: list[Any] = [node_id, connection.ops.adapt_datetimefield_value(now)]
+    params2: list[Any] = [node_id, connection.ops.adapt_datetimefield_value(now)]
     for kind, key in keys:
-        params += [kind, key, *workloads[(kind, key)]]
-    params += [token_id, token_id]
+        params2 += [kind, key, *workloads[(kind, key)]]
+    params2 += [token_id, token_id]
     with connection.cursor() as cursor:
-        cursor.execute(upsert, params)
+        cursor.execute(upsert, params2)
         cursor.execute(
             _WORKLOADS_IDS.format(site=_NODE_SITE, values=two),
             [node_id, *[part for pair in keys for part in pair]],
