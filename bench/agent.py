@@ -16,7 +16,7 @@ Measurements, each beside its raw reference in the same run:
    pod labels, served from another thread over HTTP on 127.0.0.1), against the raw reference:
    the same GET and prometheus_client's parser walking every sample. CPU of the ticking
    thread only (``time.thread_time``), so the exporter's own work is not counted.
-3. In process, NVML with workload discovery (DESIGN §8.1): the full tick on 8 GPUs, each
+3. In process, NVML with workload discovery (docs/agent.md): the full tick on 8 GPUs, each
    listing ``--procs-per-gpu`` real processes of this machine (read through the real /proc:
    their start time every second, their cgroup, status and environment once), with an
    allocation file naming every GPU; against the raw reference: the same NVML calls plus the

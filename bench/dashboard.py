@@ -242,7 +242,7 @@ def build_raw(raw_days: int, end: dt.datetime) -> tuple[dt.datetime, int]:
 
 
 RAW_FLEET_DAILY = """
-    -- The overview's daily fleet figures straight from raw samples (DESIGN.md §3 sums).
+    -- The overview's daily fleet figures straight from raw samples (docs/metrics.md sums).
     SELECT date_trunc('day', start AT TIME ZONE 'UTC') AS day,
            sum(util_pct / 100 * seconds) / 3600 AS air_h,
            sum(CASE WHEN procs > 0 THEN (1 - util_pct / 100) * seconds ELSE 0 END) / 3600

@@ -1,4 +1,4 @@
-"""Ingest benchmark (DESIGN.md §6): the full HTTP path against raw binary COPY, side by side.
+"""Ingest benchmark (docs/benchmarks.md): the full HTTP path against raw binary COPY, side by side.
 
     DATABASE_URL=postgres://… REDIS_URL=redis://… python bench/ingest.py [--server both]
 
@@ -334,7 +334,7 @@ def required_ms(n: int = 300) -> float:
 
 
 def checks_ms(body: bytes, uuids: list[str], n: int = 20) -> float:
-    """Median ms of what DESIGN.md §4–5 make ingest do with a body before storing it: msgspec
+    """Median ms of what docs/ingest.md make ingest do with a body before storing it: msgspec
     decoding and the per-sample checks (no database: the GPU map is given)."""
     from django.utils import timezone
 
@@ -534,7 +534,7 @@ def main() -> None:
         print(f"bare Django view via {name:<8}: {floor_ms[name]:.2f} ms (GET /healthz)")
     # The best ratio a Django path could reach if storing cost it no more than the reference:
     # the reference's time against the reference plus a bare Django request plus decoding and
-    # checking the samples (which the reference skips, and DESIGN.md requires).
+    # checking the samples (which the reference skips, and docs/ingest.md requires).
     ceilings = {
         (size, name): (size / summary[(size, "ref")] * 1e3)
         / (size / summary[(size, "ref")] * 1e3 + floor_ms[name] + work_ms[size])
@@ -664,8 +664,8 @@ path and are not measured here.
 it no more than the reference: the reference's time per batch against that time plus a bare
 Django request (a view that does nothing, `/healthz`, through the same server and middleware),
 DRF's dispatch of a view that does nothing, the per-node throttle's one Redis round trip, and
-decoding and checking the samples (which DESIGN.md §4–5 require and the reference skips). It
-leaves out the rest that issue 4 and DESIGN.md ask of a push (authentication, the metrics
+decoding and checking the samples (which docs/ingest.md require and the reference skips). It
+leaves out the rest that issue 4 and docs/ingest.md ask of a push (authentication, the metrics
 counters, first/last seen, the hour marks), so the real bound is lower still. At 8 samples a
 Django request that does nothing costs about as much as the reference's whole batch; at 1,000
 samples decoding and checking alone cost more than the 25 % the goal leaves. Where the

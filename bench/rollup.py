@@ -1,4 +1,4 @@
-"""Benchmark: the hourly rollup against a hand-written single SQL statement (DESIGN.md §6).
+"""Benchmark: the hourly rollup against a hand-written single SQL statement (docs/benchmarks.md).
 
 One day of 1-minute samples for 1,000 GPUs (1.44 M rows, loaded with COPY) on PostgreSQL:
 
@@ -57,7 +57,7 @@ COLUMNS = (
 MEMORY_TOTAL = 80 * 1024**3
 
 # The reference: the rollup as one would write it by hand for one known day, in one statement,
-# with the same per-sample rules (DESIGN.md §3) and attribution, into a copy of the table.
+# with the same per-sample rules (docs/metrics.md) and attribution, into a copy of the table.
 REFERENCE_SQL = f"""
 INSERT INTO {REF_TABLE} (
     gpu_id, hour, node_id, pool_id, team_id, site_id, samples, observed_s, air_s, held_s,

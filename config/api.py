@@ -60,7 +60,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         logger.info("database refused a value: %s", type(exc).__name__)
         return Response({"detail": "a value was refused by the database"}, status=400)
     if isinstance(exc, OperationalError | InterfaceError):
-        # The database is away: say so quickly so agents back off and retry (DESIGN §5).
+        # The database is away: say so quickly so agents back off and retry (docs/reliability.md).
         logger.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
         return Response(
             {"detail": "database unavailable, retry later"},

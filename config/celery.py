@@ -43,7 +43,7 @@ app.conf.beat_schedule = {
         "schedule": crontab(minute=27, hour=3),
         "options": {"expires": 3600},
     },
-    # Alert rules (DESIGN.md §8.3); each notice is its own task. Settled in the database, so
+    # Alert rules (docs/alerts.md); each notice is its own task. Settled in the database, so
     # an evaluation that overlaps the previous one notifies nothing twice.
     "alerts-evaluate": {
         "task": "alerts.tasks.alerts_evaluate_task",

@@ -4,7 +4,7 @@
   depends on another service, so an outage elsewhere does not restart healthy web processes.
 - ``/readyz``: the database and the broker answer (503 otherwise). For deploy gates, readiness
   probes and alerting. The cache is reported but does not gate: ingest works without it
-  (DESIGN.md §5).
+  (docs/reliability.md).
 - ``/metrics``: Prometheus text, for a bearer ``METRICS_TOKEN`` or an admin session.
 """
 

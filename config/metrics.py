@@ -1,7 +1,7 @@
 """The service's own Prometheus metrics (``GET /metrics``, text exposition format 0.0.4).
 
 Counters live in the shared cache (Redis in production) so every web process adds to the same
-numbers; a cache that is down loses increments, never a request (DESIGN.md §5: Redis down →
+numbers; a cache that is down loses increments, never a request (docs/reliability.md: Redis down →
 ingest still works). The other figures are read from the database at scrape time: they are
 cheap (one aggregate each) and always right, even after a cache restart.
 

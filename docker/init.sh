@@ -30,7 +30,7 @@ fi
 for host in $(echo "${AGENT_HOSTNAMES:-sim-01}" | tr ',' ' '); do
   token_file="$TOKENS_DIR/$host"
   if [ ! -s "$token_file" ]; then
-    # issue_node_token prints the token on its last line (DESIGN.md §7).
+    # issue_node_token prints the token on its last line (docs/deploy.md).
     python manage.py issue_node_token "$host" | tail -n 1 > "$token_file.tmp"
     case "$(cat "$token_file.tmp")" in
       gfn_*) ;;

@@ -4,7 +4,7 @@ Sources: NVIDIA product briefs / datasheets for maximum board power (H100 SXM5 7
 350 W, H200 SXM 700 W, H200 NVL 600 W, A100 SXM4 400 W, A100 PCIe 300 W (80GB) / 250 W (40GB),
 L40S 350 W, L4 72 W, RTX 4090 450 W, RTX 6000 Ada 300 W, A40 300 W, A10 150 W) and idle draw
 from published ``nvidia-smi`` captures of open-source exporters (dcgm-exporter and
-nvidia_gpu_exporter issues and READMEs; see shared/NOTES.md): H100 SXM ~69 W, H200 ~77 W, A100
+nvidia_gpu_exporter issues and READMEs): H100 SXM ~69 W, H200 ~77 W, A100
 SXM ~50 W, A40 ~30 W truly idle, RTX 4090 ~20 W idle (63 W held). Idle figures of the rest are
 NVIDIA's "idle power" from product briefs where given, else typical captures.
 """

@@ -1,6 +1,6 @@
 """Fleet inventory: where GPUs are, who owns their time, and the tokens that speak for them.
 
-Fleet knows neither samples nor money beyond a site's tariff (DESIGN.md §2).
+Fleet knows neither samples nor money beyond a site's tariff (docs/deploy.md).
 """
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ def _ref(model: Any, field_name: str, value: Any, where: str) -> Any:
 
 @transaction.atomic
 def fleet_file_apply(*, document: dict[str, Any]) -> ApplyResult:
-    """Apply the inventory part of a fleet file (DESIGN.md §7); cost profiles and break-even
+    """Apply the inventory part of a fleet file (docs/deploy.md); cost profiles and break-even
     workloads are billing's (``billing.services.fleet_document_apply`` applies it all).
 
     Idempotent: the same document twice changes nothing. Never deletes anything.

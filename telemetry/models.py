@@ -19,7 +19,7 @@ class RollupColumn:
     """One value column of the hourly rollup, and how the rollup computes it from raw samples.
 
     ``hourly`` is the hour's value: an SQL aggregate over the rollup's per-sample rows, which
-    carry the rules of DESIGN.md §3 under these names (``telemetry/sql/rollup_upsert.*.sql``,
+    carry the rules of docs/metrics.md under these names (``telemetry/sql/rollup_upsert.*.sql``,
     the ``per`` CTE): ``d`` (seconds), ``air``, ``held``, ``idle``, ``energy``, ``has_power``,
     ``thr_any``, and the sample's ``util_pct``, ``mem_util_pct``, ``power_w``, ``temp_c``,
     ``sm_active``. ``sample`` is an extra per-sample value that ``hourly`` reads under the
@@ -43,7 +43,7 @@ _WORKLOAD_HELD = (
     " ELSE share - air END)"
 )
 
-# The usage sums: every figure of DESIGN.md §3 is built from these. Each is a column of
+# The usage sums: every figure of docs/metrics.md is built from these. Each is a column of
 # HourlyUsage (the hour's value, ``hourly``) and of DailyUsage (the sum of its hours), and the
 # one list that the models, the rollup's statements, the daily rebuild and trigger, and the
 # billing selectors read. To add one:
@@ -209,7 +209,7 @@ class Attribution(models.Model):
 
 
 class Sample(models.Model):
-    """What one agent reported for one GPU over ``[start, start + seconds)`` (DESIGN.md §4).
+    """What one agent reported for one GPU over ``[start, start + seconds)`` (docs/ingest.md).
 
     Keyed by ``(gpu, start)`` so a replayed sample changes nothing. On PostgreSQL the table is
     range-partitioned by ``start`` (see the telemetry migrations); values are stored as sent,
@@ -286,7 +286,7 @@ class Workload(models.Model):
 
 
 class HourlyUsage(UsageSums, Attribution):
-    """One GPU over one UTC hour: the sums every figure of DESIGN.md §3 is built from
+    """One GPU over one UTC hour: the sums every figure of docs/metrics.md is built from
     (``USAGE_SUMS``), and the hour's means and maxima (``HOURLY_STATS``).
 
     ``node``/``pool``/``team``/``site`` are the GPU's attribution as it was in that hour, so

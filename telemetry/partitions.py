@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 
 PARENT = "telemetry_sample"
 DEFAULT_PARTITION = "telemetry_sample_default"
-# Days created ahead of today: the maintenance task runs daily, so a week of missed runs
-# still finds its partitions ready.
+# Days created ahead of today: beat runs the maintenance task every 6 hours (config/celery.py),
+# so a week of missed runs still finds its partitions ready.
 AHEAD_DAYS = 7
 _NAME = re.compile(r"^telemetry_sample_p(\d{8})$")
 # DDL on the parent waits for running inserts; never wait long enough to stall ingest behind

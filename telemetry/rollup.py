@@ -1,4 +1,4 @@
-"""Hourly per-GPU rollups of raw samples (DESIGN.md §3), computed in the database.
+"""Hourly per-GPU rollups of raw samples (docs/metrics.md), computed in the database.
 
 Ingest marks the hours it touched (``telemetry.pending.hours_mark``); :func:`rollup_run`
 recomputes the marked hours in batches, each batch one set-based statement
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 HOUR = dt.timedelta(hours=1)
-# 24 hours per statement: a day of a large fleet is one statement (DESIGN.md §6), while a
+# 24 hours per statement: a day of a large fleet is one statement (docs/benchmarks.md), while a
 # backfill of months still commits, and shows progress, a day at a time.
 BATCH_HOURS = 24
 # A batch never spans more than this from its first hour: the statement scans the batch's

@@ -1,8 +1,8 @@
-"""The whole chain on DESIGN.md §3's worked example: raw samples pushed over HTTP with a node
+"""The whole chain on docs/metrics.md's worked example: raw samples pushed over HTTP with a node
 token → ingest → the rollup command → the finance API and the dashboard, to the cent.
 
 Every other test checks one link; this one checks that the links agree. The expected figures
-are the ones worked out by hand in DESIGN.md §3.
+are the ones worked out by hand in docs/metrics.md.
 """
 
 from __future__ import annotations

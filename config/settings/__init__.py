@@ -98,7 +98,8 @@ else:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "gpufleet.sqlite3")),
             # Two writers at once (ingest and a rollup) fail with "database is locked" unless
-            # each write transaction takes the lock up front and waits for it (NOTES.md).
+            # each write transaction takes the lock up front and waits for it (Django's SQLite
+            # "transaction_mode": "IMMEDIATE", new in 5.1).
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,

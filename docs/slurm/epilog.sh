@@ -1,6 +1,6 @@
 #!/bin/bash
 # gpufleet Slurm Epilog: removes the allocation file prolog.sh wrote for the job, so the agent
-# stops counting its GPUs as held (DESIGN.md §8.1). Install beside prolog.sh (docs/agent.md):
+# stops counting its GPUs as held (docs/agent.md). Install beside prolog.sh (docs/agent.md):
 #   Epilog=/etc/slurm/gpufleet-epilog.sh
 #
 # An epilog that fails drains the node: whatever goes wrong is said on stderr (slurmd's log)

@@ -1,6 +1,6 @@
 #!/bin/bash
 # gpufleet Slurm Prolog: tells the gpufleet agent on this node which GPUs a job holds, so that
-# an allocated GPU no process of the job uses is held by the job, not parked (DESIGN.md §8.1).
+# an allocated GPU no process of the job uses is held by the job, not parked (docs/agent.md).
 #
 # Writes $ALLOC_DIR/slurm-$SLURM_JOB_ID.json, e.g.
 #   {"kind": "slurm", "id": "48213", "user": "alice", "account": "nlp", "gpus": [0, 1]}

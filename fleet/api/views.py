@@ -34,7 +34,7 @@ class ProtectedDeleteMixin:
 
 
 # Nodes and GPUs carry samples and cost history: they are retired (GPU ``retired_at``), never
-# deleted through the API, as with the fleet file (DESIGN.md §7).
+# deleted through the API, as with the fleet file (docs/deploy.md).
 NO_DELETE = ["get", "post", "put", "patch", "head", "options"]
 
 

@@ -61,7 +61,7 @@ class Agent:
         max_backoff_s: float = 300.0,
         workloads: Discovery | None = None,
     ) -> None:
-        """``workloads``: who holds each GPU (DESIGN §8.1), for an NVML backend; a source of
+        """``workloads``: who holds each GPU (docs/agent.md), for an NVML backend; a source of
         its own (dcgm) says it on its readings or not at all."""
         self.clock: Clock = clock or RealClock()
         # an NVML backend (pynvml, or fake.FakeNvml) is read through the NVML collector

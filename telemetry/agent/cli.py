@@ -1,4 +1,4 @@
-"""``gpufleet-agent``: the command line (DESIGN.md §7).
+"""``gpufleet-agent``: the command line (docs/agent.md).
 
     gpufleet-agent --server URL --token TOKEN [--interval 60] [--spool DIR]
                    [--once --print] [--fake SPEC] [--source nvml|dcgm] [--dcgm-url URL]

@@ -1,4 +1,6 @@
-"""Delivery: POST spooled samples to ``/api/v1/ingest``, oldest first (DESIGN.md §4, §5).
+"""Delivery: POST spooled samples to ``/api/v1/ingest``, oldest first.
+
+The wire format is docs/ingest.md; what delivery guarantees is docs/reliability.md.
 
 Nothing leaves before NVML has been read once since the start, and every push describes every
 GPU its samples name (the current inventory, plus the last known entry, marked ``lost``, of a

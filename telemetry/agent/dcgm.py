@@ -2,7 +2,7 @@
 
 Once a second the source fetches the exporter's ``/metrics`` (Prometheus text), parses it with
 ``prometheus_client``'s text parser and turns each GPU's series into one
-:class:`~.source.Reading`, with the field map of DESIGN.md §8.2. From there on it is the same
+:class:`~.source.Reading`, with the field map of docs/agent.md. From there on it is the same
 summariser as NVML's, so the same rules hold: a second without an answer is a missing second
 (the node's GPUs are offline for it, never idle), a counter that went backwards falls back to
 power × time, a GPU that leaves the output is reported lost.
@@ -152,7 +152,7 @@ def _int(v: float | None) -> int | None:
 
 
 def reading(s: Series) -> Reading:
-    """DESIGN §8.2's map from one GPU's DCGM fields to a reading."""
+    """docs/agent.md's map from one GPU's DCGM fields to a reading."""
     v = s.values.get
     util = v("DCGM_FI_DEV_GPU_UTIL")
     if util is None:

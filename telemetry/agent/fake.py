@@ -12,7 +12,7 @@ and the minute), with a small zero-sum jitter inside the minute: utilisation alt
 in closed form, so for any interval the tick-by-tick agent and ``simulate`` produce the same
 sample (asserted in tests/agent/test_agent_fake.py).
 
-Workloads (DESIGN §8.1): GPUs of a group with ``workloads=1`` say who holds them. Each pattern
+Workloads (docs/agent.md): GPUs of a group with ``workloads=1`` say who holds them. Each pattern
 has its story: training, starved and batch GPUs run Slurm jobs, inference GPUs Kubernetes pods,
 notebook GPUs a user's kernel, and ``hog`` GPUs belong to one Slurm job that holds every GPU of
 its node by allocation and computes on GPU 0 only. The fake NVML lists one process per workload
@@ -79,8 +79,9 @@ def _noise(key: int, m: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU model catalogue (NOTES.md reference figures: NVIDIA product briefs and published
-# nvidia-smi captures). held_w: a process holds memory, no kernel runs. load_w: ~full load.
+# GPU model catalogue (reference figures of fleet/catalogue.py: NVIDIA product briefs and
+# published nvidia-smi captures).
+# held_w: a process holds memory, no kernel runs. load_w: ~full load.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -167,7 +168,7 @@ _GPM_INDEX = {
 }
 # pattern → (SM active per point of utilisation, tensor and occupancy as shares of SM active),
 # all in %: kernels that run most of the time yet keep only part of the SMs busy, the gap
-# DESIGN §8.2 exists to show.
+# the work figures (docs/agent.md, GPM) exist to show.
 _PROF_SHAPE = {
     "training": (62, 70, 45),
     "inference": (40, 50, 35),
@@ -178,7 +179,7 @@ _PROF_SHAPE = {
     "hog": (62, 70, 45),
 }
 
-# Who the fake workloads are (DESIGN §8.1), picked per GPU and time from the seed.
+# Who the fake workloads are (docs/agent.md), picked per GPU and time from the seed.
 _USERS = ("alice", "bob", "chen", "dana", "emeka", "farah", "goran", "hana", "ivan", "jun")
 _ACCOUNTS = ("nlp", "vision", "speech", "recsys")
 _TRAIN_NAMES = ("train-llm", "pretrain-vit", "finetune-7b", "asr-conformer", "dlrm-sweep")
@@ -1109,7 +1110,7 @@ PRESETS = {
         "nodes=1,gpus=8,model=RTX4090,pattern=notebook,site=ams1"
     ),
     "small": "nodes=1,gpus=2,model=H100,pattern=training",
-    # 6 nodes × 8 GPUs that say who holds them (DESIGN §8.1): Slurm jobs on the training nodes
+    # 6 nodes × 8 GPUs that say who holds them (docs/agent.md): Slurm jobs on the training nodes
     # (one GPU's job starves on its data loader at ~30 %), a Slurm job holding all 8 GPUs of a
     # node and computing on one, Kubernetes pods serving inference, notebook users who hold
     # their GPUs for days.
@@ -1154,7 +1155,7 @@ class GroupSpec:
     unsupported: list[str] = field(default_factory=list)
     old_driver: bool = False
     gpm: bool = False  # the group's GPUs have GPM, where their model does (Hopper)
-    workloads: bool = False  # the group's GPUs say who holds them (DESIGN §8.1)
+    workloads: bool = False  # the group's GPUs say who holds them (docs/agent.md)
 
 
 def _bool_nodes(v: Any) -> list[int]:
@@ -1378,7 +1379,7 @@ def simulate(
     seed: int = 0,
     batch_intervals: int = 1,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield ``(hostname, payload)`` in the DESIGN §4 wire format for every interval in
+    """Yield ``(hostname, payload)`` in the docs/ingest.md wire format for every interval in
     ``[start, end)``, chronologically, one payload per node per ``batch_intervals`` intervals.
 
     Computed in closed form per interval, without sleeping. Intervals start on multiples of

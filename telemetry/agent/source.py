@@ -3,7 +3,7 @@
 A **source** reads every GPU of the node once a second and yields one :class:`Reading` per GPU
 (``nvml.Collector``: NVML, with GPM where the GPU has it; ``dcgm.DcgmSource``: an existing
 dcgm-exporter's ``/metrics``). Everything after that is one code path: ``summarise.Summariser``
-turns a GPU's readings of an interval into the wire sample (DESIGN.md §4), ``agent.Agent``
+turns a GPU's readings of an interval into the wire sample (docs/ingest.md), ``agent.Agent``
 spools and delivers it. A source never summarises and the summariser never asks where a
 reading came from.
 
@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """What holds a GPU in one second (DESIGN.md §8.1): a Slurm job, a Kubernetes pod, a
+    """What holds a GPU in one second (docs/agent.md): a Slurm job, a Kubernetes pod, a
     container or a Unix user, identified on its node's site by (``kind``, ``id``)."""
 
     kind: str  # "slurm" | "k8s" | "container" | "user"
@@ -51,13 +51,13 @@ class Reading:
     dram_active_pct: float | None = None  # cycles the memory interface moved data
     # What held the GPU in this second, one per (kind, id): ``None`` when the source cannot
     # tell, ``()`` when it can and nothing did. The summariser turns them into the sample's
-    # ``workloads`` (DESIGN §8.1).
+    # ``workloads`` (docs/agent.md).
     workloads: tuple[Workload, ...] | None = None
 
 
 @dataclass
 class GpuInfo:
-    """What the ``gpus`` block of a push says about one GPU (DESIGN §4), keyed by UUID."""
+    """What the ``gpus`` block of a push says about one GPU (docs/ingest.md), keyed by UUID."""
 
     uuid: str
     index: int
@@ -103,7 +103,7 @@ class Source(Protocol):
         ...
 
     def inventory(self) -> list[dict[str, Any]]:
-        """The ``gpus`` block (DESIGN §4): every GPU seen since the start, lost ones marked
+        """The ``gpus`` block (docs/ingest.md): every GPU seen since the start, lost ones marked
         ``"status": "lost"``. Called from the sender thread too."""
         ...
 

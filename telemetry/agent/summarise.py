@@ -1,4 +1,4 @@
-"""One-second readings → one summary per GPU per interval (DESIGN.md §3 and §4).
+"""One-second readings → one summary per GPU per interval (docs/metrics.md, docs/ingest.md).
 
 Timing convention: the agent ticks on whole seconds. The tick at time ``T`` reads what happened
 in the second ``[T-1, T)`` (the utilisation samples buffered since the last tick, the energy
@@ -10,7 +10,7 @@ counted from the Unix epoch, so no interval crosses an hour boundary.
 Every summary field is computed by :func:`finalise` from integer sums, so the tick path (the
 real agent) and the analytic path (the fleet simulator) round identically.
 
-Workloads (DESIGN §8.1): each second, every workload holding the GPU gets ``1/n`` of it in
+Workloads (docs/agent.md): each second, every workload holding the GPU gets ``1/n`` of it in
 ``share_s`` and ``(that second's utilisation / 100) / n`` in ``air_s``, ``n`` being the number
 of workloads holding it in that second. The sums are kept per ``n`` (seconds and Σ
 utilisation), so the tick path and the simulator's closed form add up the same numbers, and
@@ -31,10 +31,10 @@ log = logging.getLogger("gpufleet.agent")
 
 THROTTLE_KEYS = ("power_cap", "thermal", "hw_slowdown", "other", "any")
 
-# The profiling fields of DESIGN §8.2, in the order of Accumulator.prof_sum.
+# The profiling fields of docs/agent.md, in the order of Accumulator.prof_sum.
 PROF_KEYS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active")
 
-# A stuck energy counter (DESIGN §3): over the seconds that have both a counter delta and a
+# A stuck energy counter (docs/metrics.md): over the seconds that have both a counter delta and a
 # power reading, the counter grew by less than STUCK_RATIO of what the power readings add up
 # to, while the mean power was at least STUCK_FLOOR_MW. The counter updates every 20–100 ms
 # and the power reading is a sample of the same sensor, so over an interval the two agree to
@@ -65,7 +65,7 @@ REASON_HW_SLOWDOWN = _bit("HwSlowdown") | _bit("HwPowerBrakeSlowdown")
 REASON_OTHER = ~(REASON_GPU_IDLE | REASON_POWER_CAP | REASON_THERMAL | REASON_HW_SLOWDOWN)
 
 
-# DESIGN §8.1 and the server (telemetry/wire.py): at most 32 workloads per sample, strings of
+# docs/agent.md and the server (telemetry/wire.py): at most 32 workloads per sample, strings of
 # at most 200 printable characters, an id without surrounding whitespace.
 WORKLOADS_MAX = 32
 WORKLOAD_TEXT_MAX = 200
@@ -172,7 +172,8 @@ class Accumulator:
             self.power_n += 1
         if energy_delta_mj is not None and energy_delta_mj < 0:
             # The counter went backwards: the driver was reloaded. The whole interval falls
-            # back to power × time (DESIGN §3), since part of it was counted from a new origin.
+            # back to power × time (docs/metrics.md), since
+            # part of it was counted from a new origin.
             self.energy_reset = True
         elif energy_delta_mj is not None:
             self.energy_sum += energy_delta_mj
@@ -357,7 +358,7 @@ def energy_stuck(acc: Accumulator) -> bool:
 
 
 def energy_j(acc: Accumulator) -> float | None:
-    """The interval's energy in joules by DESIGN §3, or ``None`` when nothing measures it:
+    """The interval's energy in joules by docs/metrics.md, or ``None`` when nothing measures it:
     the counter's deltas, unless the counter is missing for some second, went backwards or
     is stuck, in which case mean power × seconds."""
     n = acc.n
@@ -375,7 +376,7 @@ def energy_j(acc: Accumulator) -> float | None:
 
 
 def finalise(uuid: str, acc: Accumulator) -> dict[str, Any] | None:
-    """The wire-format sample (DESIGN §4) for one closed interval; unknown fields are omitted.
+    """The wire-format sample (docs/ingest.md) for one closed interval; unknown fields are omitted.
 
     Returns ``None`` when utilisation was never read: ``util_pct`` is required on the wire.
     """
@@ -412,7 +413,7 @@ def finalise(uuid: str, acc: Accumulator) -> dict[str, Any] | None:
             "any": t[4],
         }
     if acc.prof_n:
-        # DESIGN §8.2: each an interval mean in 0–1 over the seconds that carried it, and
+        # docs/agent.md: each an interval mean in 0–1 over the seconds that carried it, and
         # prof_s the seconds those means cover; absent (never 0) when no second carried any.
         # The four come from one GPM call or one scrape, so they cover the same seconds
         # unless the source failed for one field only.

@@ -1,4 +1,4 @@
-"""Who holds a GPU (DESIGN.md §8.1): processes mapped to their workloads through ``/proc``, and
+"""Who holds a GPU (docs/agent.md): processes mapped to their workloads through ``/proc``, and
 allocations that a scheduler hook writes into a directory.
 
 Each second the NVML collector lists the processes on each GPU and asks :class:`Discovery`
@@ -375,7 +375,7 @@ class AllocationSource(Protocol):
 
 
 def allocation_parse(data: object, origin: str = "") -> Allocation | str:
-    """An allocation file's JSON (DESIGN §8.1) → the allocation, or why it is not one."""
+    """An allocation file's JSON (docs/agent.md) → the allocation, or why it is not one."""
     if not isinstance(data, dict):
         return "is not a JSON object"
     kind = data.get("kind")

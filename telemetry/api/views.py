@@ -48,7 +48,7 @@ class NodeIngestThrottle(BaseThrottle):
     A fixed window costs one cache increment per request, where DRF's sliding window would
     read and write the whole request history. When the cache (Redis) is down the request is
     let through: throttling protects the service, and refusing agents because Redis is away
-    would turn a cache outage into data loss (DESIGN.md §5).
+    would turn a cache outage into data loss (docs/reliability.md).
     """
 
     scope = "ingest"
@@ -145,7 +145,7 @@ def _body_read(request: Request) -> bytes | Response:
 
 
 class IngestView(APIView):
-    """Permission: a node token (IsNode); the token decides the node (DESIGN.md §4)."""
+    """Permission: a node token (IsNode); the token decides the node (docs/ingest.md)."""
 
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsNode]

@@ -1,7 +1,7 @@
 -- rollup_upsert (PostgreSQL): recompute the hourly per-GPU rollup rows of one batch of UTC hours
 -- from raw samples, in one set-based statement.
 --
--- Why one statement: DESIGN.md §6 — INSERT … SELECT … GROUP BY … ON CONFLICT DO UPDATE runs
+-- Why one statement: docs/benchmarks.md — INSERT … SELECT … GROUP BY … ON CONFLICT DO UPDATE runs
 -- several times faster than any loop, and rewriting an hour from all of its samples makes the
 -- rollup idempotent: a re-run, a duplicate or a late sample ends in the same row.
 --

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 - exposition lines are as long as the exporter writes them
-"""dcgm-exporter answers, written by hand in its documented format (NOTES.md; NVIDIA's
+"""dcgm-exporter answers, written by hand in its documented format (NVIDIA's
 default-counters.csv and dcp-metrics-included.csv; published captures): ``# HELP``/``# TYPE``
 per field, series labelled ``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
 ``Hostname``, ``DCGM_FI_DRIVER_VERSION``, and with the Kubernetes pod mapper ``container``,

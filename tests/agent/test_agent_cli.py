@@ -157,7 +157,7 @@ def test_sigterm_ends_the_agent_within_10_s_while_the_server_hangs_and_loses_not
         time.sleep(0.5)  # 10 more simulated seconds: one more interval goes to the spool
         sent = time.monotonic()
         p.send_signal(signal.SIGTERM)
-        # DESIGN/docs: a stop takes at most 10 s (systemd kills at 45 s); 2 s of slack here
+        # docs/agent.md: a stop takes at most 10 s (systemd kills at 45 s); 2 s of slack here
         assert p.wait(timeout=12) == 0, log.read_text()
         took = time.monotonic() - sent
     finally:

@@ -1,5 +1,5 @@
 """``--source dcgm``: an existing dcgm-exporter's /metrics, scraped over real HTTP on 127.0.0.1,
-through the same summariser as NVML (DESIGN.md §8.2).
+through the same summariser as NVML (docs/agent.md).
 
 Conventions of test_agent_collect.py: 10-second intervals from T0 = 2026-11-30T09:00:00Z; the
 tick at t scrapes the exporter, whose answer describes the second [t-1, t) (its energy counter

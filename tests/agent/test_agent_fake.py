@@ -109,7 +109,7 @@ def test_fleet_is_deterministic_with_real_names_and_uuids() -> None:
 
 def test_power_figures_follow_the_catalogue() -> None:
     h100 = MODELS["H100"]
-    # NOTES.md: H100 SXM 700 W max, ≈69 W idle, ≈629 W under load
+    # fleet/catalogue.py: H100 SXM 700 W max, ≈69 W idle, ≈629 W under load
     assert (h100.max_w, h100.idle_w, h100.load_w) == (700, 69, 629)
     fleet = FakeFleet("nodes=1,gpus=1,model=H100,pattern=parked", epoch=T0)
     g = fleet.node(fleet.nodes[0]).gpus[0]

@@ -49,7 +49,7 @@ def test_spec_option_in_every_form() -> None:
 
 
 def test_the_story_the_demo_tells() -> None:
-    """Two days of the ``workloads`` preset (DESIGN §8.1, issue 14's demo)."""
+    """Two days of the ``workloads`` preset (docs/agent.md, issue 14's demo)."""
     fleet = FakeFleet("workloads", seed=3, epoch=DAY0)
     where = pattern_of(fleet)
     out = samples(fleet, DAY0, DAY0 + timedelta(days=2))

@@ -1,5 +1,5 @@
 """NVML GPM through the fake backend: SM, tensor and DRAM activity as interval means with
-``prof_s`` (DESIGN.md §8.2), and every way GPM can be missing or fail.
+``prof_s`` (docs/agent.md), and every way GPM can be missing or fail.
 
 Same conventions as test_agent_collect.py (10-second intervals from T0, the tick at t reads
 the second [t-1, t)). GPM needs two samples: the tick at t takes one and reads the metrics of

@@ -1,4 +1,4 @@
-"""share_s and air_s (DESIGN.md §8.1), worked out by hand, through the whole agent: FakeNvml's
+"""share_s and air_s (docs/agent.md), worked out by hand, through the whole agent: FakeNvml's
 process lists, a fake /proc (tests/agent/procfs.py), a real allocation directory, the one
 summariser. And every sample checked against the server's own rules.
 

@@ -1,6 +1,7 @@
 """docker/compose.yml, the Dockerfile and the systemd units, checked by reading them.
 
-No Docker engine runs in CI (NOTES.md), so these tests do what `docker compose config` and a
+No Docker engine runs in CI (docker's client only, no daemon), so these tests do what
+`docker compose config` and a
 first `up` would catch: every service, image, command, env file, volume and health check the
 compose file names exists and agrees with the rest (the code, the settings, each other).
 """
@@ -107,7 +108,7 @@ def test_every_service_exists_with_an_image_that_exists(services: dict[str, Any]
         else:
             assert re.fullmatch(r"[a-z0-9./-]+:[A-Za-z0-9._-]+", image), f"{name}: pin a tag"
     postgres_major = int(interpolate(services["postgres"]["image"]).split(":")[1].split(".")[0])
-    assert postgres_major >= 15  # DESIGN.md §2
+    assert postgres_major >= 15  # docs/deploy.md
     assert interpolate(services["redis"]["image"]).startswith("redis:")
 
 
@@ -327,7 +328,7 @@ def test_dockerfile_is_multi_stage_non_root_and_collects_static() -> None:
     text = (DOCKER / "Dockerfile").read_text()
     stages = dockerfile_stages(text)
     assert len(stages) >= 2 and all(name for _, name in stages)
-    assert all(base.startswith("python:3.11") for base, _ in stages)  # NOTES.md
+    assert all(base.startswith("python:3.11") for base, _ in stages)  # the pinned Python
     names = {name for _, name in stages}
     for source in re.findall(r"^COPY --from=(\w+)", text, re.M):
         assert source in names

@@ -67,7 +67,8 @@ def test_readyz_is_503_when_the_broker_is_unreachable(client: Any) -> None:
 
 @pytest.mark.django_db
 def test_readyz_does_not_gate_on_the_cache(client: Any, redis_url: str) -> None:
-    # Ingest works without the cache (DESIGN.md §5), so a cache outage is reported, not fatal.
+    # Ingest works without the cache (docs/reliability.md), so a cache outage is reported,
+    # not fatal.
     dead = f"redis://127.0.0.1:{closed_port()}/0"
     with override_settings(CACHES=dead_caches(dead), REDIS_URL=dead, CELERY_BROKER_URL=redis_url):
         response = client.get("/readyz")

@@ -8,7 +8,7 @@ without touching the machine's shared services.
   answers back (a client killed while its request is in flight).
 - :class:`Gunicorn` runs the real WSGI app (``config.wsgi``) in a subprocess against the test
   database, on a fixed port, so a test can stop and restart it.
-- :func:`push_body` builds a DESIGN.md §4 push; :func:`post` sends one with the stdlib only.
+- :func:`push_body` builds a docs/ingest.md push; :func:`post` sends one with the stdlib only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""DESIGN.md §5, row by row: every bad input gets a clear 4xx with a JSON body naming the field,
+"""docs/reliability.md, case by case:
+every bad input gets a clear 4xx with a JSON body naming the field,
 never a 500, and stores nothing wrong. Each case goes through the whole HTTP stack of the real
 endpoint (middleware, authentication, throttle, view, service, PostgreSQL or SQLite)."""
 
@@ -181,7 +182,7 @@ def _nothing_stored() -> None:
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_bad_ingest_input(row: Row, node_token: str) -> None:
-    # The GPU of another node: registered by its own node first (DESIGN.md §4: first wins).
+    # The GPU of another node: registered by its own node first (docs/ingest.md: first wins).
     from fleet.models import Node
 
     other = Node.objects.create(hostname="the-other-node")

@@ -1,4 +1,5 @@
-"""DESIGN.md §5 faults, end to end against real services, with nothing lost and nothing doubled.
+"""The faults of docs/reliability.md,
+end to end against real services, with nothing lost and nothing doubled.
 
 The failures are real, not mocked: the gunicorn process is stopped and started again; the
 agent process is killed with SIGKILL; PostgreSQL and Redis "stop" for the server process by a

@@ -189,7 +189,7 @@ INVENTORY_LISTS = ["sites", "teams", "pools", "nodes", "gpus", "cost-profiles"]
 def test_huge_page_limit_is_not_a_server_error(kind: str, fuzz_world: dict[str, Any]) -> None:
     """Found by the fuzzer: ``?limit=<beyond bigint>`` reaches SQL's LIMIT unbounded, PostgreSQL
     raises NumericValueOutOfRange, and config.api answers 503 "database error" (a bad input
-    must get a 4xx, DESIGN.md §5). The default LimitOffsetPagination has no ``max_limit``."""
+    must get a 4xx, docs/reliability.md). The default LimitOffsetPagination has no ``max_limit``."""
     token = fuzz_world["tokens"]["admin"]
     for query in (f"limit={10**30}", f"offset={10**30}", f"limit=5&offset={10**30}"):
         r = Client().get(f"/api/v1/{kind}?{query}", HTTP_AUTHORIZATION=f"Bearer {token}")
@@ -368,7 +368,7 @@ def _encode(value: Any) -> str:
 @given(batch=st.lists(SAMPLE, min_size=1, max_size=8))
 def test_ingest_property_through_http(batch: list[dict[str, Any]]) -> None:
     """Whatever a push holds: the answer is 200 or 400 (never 5xx), it accounts for every
-    sample, exactly the accepted samples are stored, every stored one is within DESIGN §4's
+    sample, exactly the accepted samples are stored, every stored one is within docs/ingest.md's
     ranges, no rejected one is stored, and another node's GPU is never written."""
     from fleet.models import Node, NodeToken
 

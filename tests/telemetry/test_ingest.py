@@ -1,4 +1,4 @@
-"""POST /api/v1/ingest: the wire format (DESIGN.md §4) and every bad input of §5.
+"""POST /api/v1/ingest: the wire format (docs/ingest.md) and every bad input of docs/reliability.md.
 
 Each bad input is checked for its status, the field its body names, and that nothing was
 stored. Times are relative to the real clock (the server checks them against it).
@@ -329,7 +329,7 @@ def test_token_revoked_while_cached_is_401(agent: Any, base: Any, postgres: Any,
     assert a.post(bodies[path]).status_code == 401  # and from the database from now on
 
 
-# --- bad input (DESIGN.md §5) ------------------------------------------------------------------
+# --- bad input (docs/reliability.md) -----------------------------------------------------
 BAD_SAMPLES: list[tuple[str, dict[str, Any], str]] = [
     ("util over 100", {"util_pct": 100.5}, "util_pct"),
     ("util negative", {"util_pct": -1}, "util_pct"),

@@ -1,4 +1,5 @@
-"""Ingest under faults (DESIGN.md §5): PostgreSQL away → 503 fast; Redis away → still works."""
+"""Ingest under faults (docs/reliability.md):
+PostgreSQL away → 503 fast; Redis away → still works."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property: whatever a push holds, no stored sample breaks a range of DESIGN.md §4, and no
+"""Property: whatever a push holds, no stored sample breaks a range of docs/ingest.md, and no
 rejected sample is stored."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hourly rollups: the per-sample rules of DESIGN.md §3 by hand-computed numbers, the worked
+"""Hourly rollups: the per-sample rules of docs/metrics.md by hand-computed numbers, the worked
 example, idempotency, late data, attribution history, the watermark, and the command."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def test_samples_outside_in_service_window_are_excluded(make_gpu: Any, t0: dt.da
 
 @pytest.mark.smoke
 def test_design_worked_example(make_gpu: Any, t0: dt.datetime) -> None:
-    """DESIGN.md §3: 1,200 samples of 60 s in one day → air 9.0 h, held 6.0 h, parked 5.0 h,
+    """docs/metrics.md: 1,200 samples of 60 s in one day → air 9.0 h, held 6.0 h, parked 5.0 h,
     observed 20.0 h, 4.95 kWh of which 0.95 kWh idle."""
     gpu = make_gpu()
     starts = [t0 + i * M for i in range(1200)]  # 20 hours observed, 4 offline at the end

@@ -1,4 +1,5 @@
-"""Faults of DESIGN.md §5 with a real Celery worker on Redis and the PostgreSQL test database:
+"""Faults of docs/reliability.md with a real Celery worker on Redis and the PostgreSQL test
+database:
 two rollups at once, and a worker killed mid-rollup, both end in the rows of one clean run.
 
 A worker is caught inside a batch by a row lock the test holds on one of that batch's marks

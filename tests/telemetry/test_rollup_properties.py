@@ -1,5 +1,5 @@
 """Property: however samples arrive — shuffled, replayed, late in several waves with a rollup
-after each — every rollup row ends the same, and equal to the rules of DESIGN.md §3 computed
+after each — every rollup row ends the same, and equal to the rules of docs/metrics.md computed
 here independently, in Python, from the samples themselves."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ sample_spec = st.fixed_dictionaries(
 def expected_rows(
     specs: list[dict[str, Any]], gpus: list[Any], t0: dt.datetime, active_util_pct: float = 5.0
 ) -> dict[tuple[int, dt.datetime], dict[str, float]]:
-    """DESIGN.md §3 per sample, summed per (gpu, hour) — the independent path."""
+    """docs/metrics.md per sample, summed per (gpu, hour) — the independent path."""
     sums: dict[tuple[int, dt.datetime], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for s in specs:
         gpu = gpus[s["gpu"]]
