@@ -28,7 +28,7 @@ from django.db.models import Q, Sum
 from billing import cost_model as cm
 from billing import selectors
 from fleet.models import FleetSettings, Gpu, Pool, Site, Team
-from telemetry.models import HourlyUsage
+from telemetry.models import HourlyUsage, Workload, WorkloadHourlyUsage
 
 if TYPE_CHECKING:
     from alerts.rules import Scope, Window
@@ -368,3 +368,89 @@ def gpus_in_service(*, now: dt.datetime, scope: Scope) -> list[SilentGpu]:
             )
         )
     return out
+
+
+# --- a workload's held hours from its rollups ------------------------------------------------
+@dataclass(frozen=True)
+class WorkloadHeld:
+    subject: str  # workload:PK
+    label: str  # "slurm 48213 · alice · train-llm"
+    user: str
+    gpu_hours: Decimal
+    held_hours: Decimal
+
+
+def workload_label(kind: str, key: str, user: str, name: str) -> str:
+    return " · ".join(part for part in (f"{kind} {key}", user, name) if part)
+
+
+def _workload_hour_rows(window: Window) -> list[dict[str, Any]]:
+    rows = (
+        WorkloadHourlyUsage.objects.filter(hour__gte=window.start, hour__lt=window.end)
+        .order_by()
+        .values("workload_id", "gpu_id", "pool_id", "team_id", "site_id")
+        .annotate(gpu_s=Sum("gpu_s"), air_s=Sum("air_s"))
+    )
+    return [dict(row) for row in rows]
+
+
+def workloads_held(*, window: Window, scope: Scope) -> list[WorkloadHeld]:
+    """Each workload's GPU hours and held hours (GPU hours − air hours, docs/metrics.md,
+    "Workloads") in the window, counting only its hours on GPUs attributed to the scope."""
+    rows = _memo(("workload_hours", window), lambda: _workload_hour_rows(window))
+    inside = _attribution_match(scope, _directory())
+    sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for row in rows:
+        if inside(row):
+            acc = sums[row["workload_id"]]
+            acc[0] += float(row["gpu_s"] or 0)
+            acc[1] += float(row["air_s"] or 0)
+    names = {
+        w["id"]: w
+        for w in Workload.objects.filter(pk__in=list(sums)).values(
+            "id", "kind", "key", "user_name", "name"
+        )
+    }
+    out = []
+    for pk, (gpu_s, air_s) in sorted(sums.items()):
+        w = names.get(pk)
+        if w is None:
+            continue
+        out.append(
+            WorkloadHeld(
+                subject=f"workload:{pk}",
+                label=workload_label(w["kind"], w["key"], w["user_name"], w["name"]),
+                user=w["user_name"],
+                gpu_hours=cm.hours_from_seconds(seconds=gpu_s),
+                held_hours=cm.hours_from_seconds(seconds=max(gpu_s - air_s, 0.0)),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class WorkloadWindow:
+    kind: str
+    key: str
+    user: str
+    name: str
+    gpu_hours: Decimal
+    idle_cost: Decimal | None
+
+
+def workload_window(*, workload_id: int, window: Window) -> WorkloadWindow | None:
+    """One workload over an alert's window: who it is, its GPU hours and its idle cost."""
+    found = Workload.objects.filter(pk=workload_id).first()
+    if found is None:
+        return None
+    gpu_s = WorkloadHourlyUsage.objects.filter(
+        workload_id=workload_id, hour__gte=window.start, hour__lt=window.end
+    ).aggregate(s=Sum("gpu_s"))["s"]
+    return WorkloadWindow(
+        kind=found.kind,
+        key=found.key,
+        user=found.user_name,
+        name=found.name,
+        gpu_hours=cm.hours_from_seconds(seconds=gpu_s or 0.0),
+        idle_cost=None,
+    )

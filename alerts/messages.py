@@ -83,9 +83,17 @@ def _board(kind: str) -> Callable[[str, dict[str, str]], str]:
     return lambda name, dates: f"{reverse('fleet-board')}?{urlencode({**dates, kind: name})}"
 
 
+def _workload_page(name: str, dates: dict[str, str]) -> str:
+    try:
+        return f"{reverse('workload-detail', args=[int(name)])}?{urlencode(dates)}"
+    except (NoReverseMatch, ValueError):
+        return f"{reverse('overview')}?{urlencode(dates)}"
+
+
 # subject kind → the page that explains an alert about such a subject (path and query).
 SUBJECT_PAGES: dict[str, Callable[[str, dict[str, str]], str]] = {
     "gpu": _gpu_page,
+    "workload": _workload_page,
     "pool": _board("pool"),
     "team": _board("team"),
     "site": _board("site"),
@@ -104,6 +112,27 @@ def absolute(path: str) -> str:
 
 
 # --- the notice ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkloadNote:
+    """What a notice about a workload tells its owner besides the value: who and what it is,
+    and what its idle time cost over the window."""
+
+    kind: str
+    key: str
+    user: str
+    name: str
+    gpu_hours_text: str
+    idle_cost_text: str | None  # None: not shown (no money for this workload)
+
+    @property
+    def what(self) -> str:
+        words = {"slurm": "Slurm job", "k8s": "Kubernetes pod", "container": "container"}
+        if self.kind == "user":
+            return f"the GPU processes of {self.key}"
+        named = f" ({self.name})" if self.name and self.name != self.key else ""
+        return f"the {words.get(self.kind, self.kind)} {self.key}{named}"
+
+
 @dataclass(frozen=True)
 class Notice:
     delivery_id: int
@@ -124,6 +153,7 @@ class Notice:
     url: str
     alerts_url: str
     currency: str
+    workload: WorkloadNote | None = None
 
     @property
     def headline(self) -> str:
@@ -184,6 +214,24 @@ def notice_build(delivery: Delivery) -> Notice:
         url=absolute(subject_path(alert.subject, window)),
         alerts_url=absolute(f"{reverse('alerts')}?{urlencode({'rule': rule.name})}"),
         currency=currency,
+        workload=_workload_note(alert.subject, window, currency),
+    )
+
+
+def _workload_note(subject: str, window: Window, currency: str) -> WorkloadNote | None:
+    kind, _, pk = subject.partition(":")
+    if kind != "workload" or not pk.isdigit():
+        return None
+    found = figures.workload_window(workload_id=int(pk), window=window)
+    if found is None:
+        return None
+    return WorkloadNote(
+        kind=found.kind,
+        key=found.key,
+        user=found.user,
+        name=found.name,
+        gpu_hours_text=value_text(found.gpu_hours, HOURS),
+        idle_cost_text=None if found.idle_cost is None else money(found.idle_cost, currency),
     )
 
 
@@ -199,10 +247,12 @@ def email_render(notice: Notice) -> Email:
     # One line whatever a name holds: a header never carries a line break.
     subject = " ".join(f"[gpufleet] {notice.headline}".split())
     context = {"n": notice, "subject": subject}
+    # A workload's notice speaks to the person who ran it, as a colleague would.
+    template = "workload" if notice.workload is not None else "notice"
     return Email(
         subject=subject,
-        text=render_to_string("alerts/email/notice.txt", context),
-        html=render_to_string("alerts/email/notice.html", context),
+        text=render_to_string(f"alerts/email/{template}.txt", context),
+        html=render_to_string(f"alerts/email/{template}.html", context),
     )
 
 

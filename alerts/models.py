@@ -167,3 +167,50 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"try {self.number} of delivery {self.delivery_id}: {'ok' if self.ok else 'failed'}"
+
+
+class Person(models.Model):
+    """One ``[[people]]`` table of the fleet file (docs/alerts.md, "Owners"): where the
+    workloads of one user (``user`` and ``email``) or of every user not listed
+    (``email_domain``: ``USER@DOMAIN``) are told about, and whether they get the weekly
+    digest. Replaced as a whole each time the fleet file is applied."""
+
+    position = models.PositiveIntegerField(help_text="Its index in the file")
+    user = models.CharField(max_length=200, blank=True, help_text="Blank for a domain rule")
+    email = models.EmailField(max_length=254, blank=True)
+    email_domain = models.CharField(max_length=253, blank=True)
+    digest = models.BooleanField(help_text="Sent the weekly digest of their workloads")
+
+    class Meta:
+        ordering = ["position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user"], condition=~Q(user=""), name="alerts_person_one_per_user"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.user or f"*@{self.email_domain}"
+
+
+class Digest(models.Model):
+    """One weekly digest to one workload user: claimed with a compare-and-swap on
+    ``claimed_at``/``sent_at`` as the weekly report is, so a retried task, two beat processes
+    and a second command send it once."""
+
+    week = models.CharField(max_length=8, help_text="ISO week, e.g. 2026-W48")
+    user = models.CharField(max_length=200)
+    week_start = models.DateField()
+    email = models.EmailField(max_length=254, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-week_start", "user"]
+        constraints = [
+            models.UniqueConstraint(fields=["week", "user"], name="alerts_digest_week_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.week} → {self.user}"

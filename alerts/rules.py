@@ -187,6 +187,13 @@ def _minutes(value: Decimal, window_hours: int | None) -> str | None:
     return None
 
 
+def _gpu_hours_any(value: Decimal, window_hours: int | None) -> str | None:
+    # A workload holds up to every GPU it was given: 8 GPUs for 24 h are 192 GPU hours.
+    if not 0 < value <= 1_000_000:
+        return "GPU hours: more than 0 and at most 1000000"
+    return None
+
+
 def _money(value: Decimal, window_hours: int | None) -> str | None:
     if not value > 0:
         return "money: more than 0"
@@ -216,6 +223,13 @@ def _gpu_offline_minutes(rule: RuleConfig, window: Window, now: dt.datetime) -> 
     return [
         Measurement(g.subject, g.label, quantized(Decimal(g.silent_s) / 60))
         for g in figures.gpus_in_service(now=now, scope=rule.scope)
+    ]
+
+
+def _workload_held_hours(rule: RuleConfig, window: Window, now: dt.datetime) -> list[Measurement]:
+    return [
+        Measurement(w.subject, w.label, quantized(w.held_hours))
+        for w in figures.workloads_held(window=window, scope=rule.scope)
     ]
 
 
@@ -342,5 +356,24 @@ rule_kind_register(
         what="total cost of the scope this month so far",
         advice="The month's spend has passed its budget.",
         money=True,
+    )
+)
+rule_kind_register(
+    RuleKind(
+        name="workload_held_hours",
+        measure=_workload_held_hours,
+        unit=HOURS,
+        window=WINDOW_HOURS,
+        above=True,
+        check=_gpu_hours_any,
+        what="GPU hours each workload held without computing (its GPU hours − air hours)",
+        advice=(
+            "A job or pod kept GPUs it did not compute on. If it waits for data or for a "
+            "person, give the GPUs back while it waits: end an interactive session when you "
+            "leave it, ask for fewer GPUs (Slurm: --gres=gpu:N) when only some are used, and "
+            "end a job (scancel JOBID) once its work is done; a Kubernetes pod releases its "
+            "GPUs when it is scaled down or deleted."
+        ),
+        symbols=("owner",),
     )
 )

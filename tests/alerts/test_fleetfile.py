@@ -96,7 +96,7 @@ def test_a_changed_scope_closes_the_open_alerts(training: None) -> None:
 
 BAD = [
     ({"rule": "gpu_happy_hours"}, "alerts[1].rule: unknown rule 'gpu_happy_hours'"),
-    ({"rule": "workload_held_hours"}, "alerts[1].rule: unknown rule"),
+    ({"rule": "workload_held_hours", "threshold": 0}, "alerts[1].threshold: GPU hours: more"),
     ({"scope": "rack:r1"}, "alerts[1].scope: expected fleet, site:NAME"),
     ({"scope": "pool:nowhere"}, "alerts[1].scope: no pool named 'nowhere'"),
     ({"scope": "team:"}, "alerts[1].scope"),
@@ -129,7 +129,7 @@ BAD = [
     ({"notify": ["https://"]}, "alerts[1].notify[0]"),
     ({"notify": ["https://hooks.example.com/a b"]}, "alerts[1].notify[0]: no spaces"),
     ({"notify": ["https://hooks.example.com:99999/"]}, "alerts[1].notify[0]: not a valid URL"),
-    ({"notify": ["owner"]}, "alerts[1].notify[0]: expected mailto:"),
+    ({"notify": ["owner"]}, "alerts[1].notify[0]: 'owner' only works with rules about"),
     (
         {"notify": ["mailto:a@example.com", "mailto:a@example.com"]},
         "alerts[1].notify[1]: appears twice",

@@ -1,0 +1,230 @@
+"""Owners: the fleet file's ``[[people]]``, the ``workload_held_hours`` rule and its
+``notify = ["owner"]``, through a real SMTP server.
+
+The workload rows are written by hand on the worked example's GPU (pool inference, team
+research): Slurm job 48213 of alice held the GPU in hours 10–14 of 2 March (its process on
+it, nothing computing: 5 × 3,600 GPU seconds, 0 air seconds) and computed in hours 00–01
+(2 × 3,600 GPU seconds, 2 × 3,240 air seconds) → 7 GPU hours, 1.8 air hours, 5.2 held hours.
+Job 48214 of bob shared hours 12–13 half and half with nobody else's money involved: 2 ×
+1,800 GPU seconds, 0 air → 1 held hour.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import time_machine
+from django.db import transaction
+
+from alerts import figures
+from alerts.models import Delivery, Person
+from alerts.people import people_directory, people_section_apply
+from alerts.rules import RULE_KINDS, RuleConfig, Scope
+from alerts.services import alerts_evaluate
+from fleet.services import ApplyResult, FleetFileError
+from tests.alerts.conftest import at, rules_apply
+
+NOW = at("2026-03-02T20") + dt.timedelta(minutes=5)  # window 1 March 20:00 – 2 March 20:00
+
+
+def people_apply(*tables: dict[str, Any]) -> ApplyResult:
+    result = ApplyResult()
+    with transaction.atomic():
+        people_section_apply(document={"people": list(tables)}, result=result)
+    return result
+
+
+def workload(kind: str, key: str, user: str, name: str = "", site: Any = None) -> Any:
+    from django.utils import timezone
+
+    from telemetry.models import Workload
+
+    return Workload.objects.create(
+        kind=kind, key=key, user_name=user, name=name, site=site, created_at=timezone.now()
+    )
+
+
+def held(workload: Any, gpu: Any, hour: dt.datetime, gpu_s: float, air_s: float) -> Any:
+    from django.utils import timezone
+
+    from telemetry.models import WorkloadHourlyUsage
+
+    node = gpu.node
+    pool = node.pool
+    return WorkloadHourlyUsage(
+        workload=workload,
+        gpu=gpu,
+        hour=hour,
+        samples=60,
+        gpu_s=gpu_s,
+        air_s=air_s,
+        energy_j=0.0,
+        node=node,
+        pool=pool,
+        team=pool.team,
+        site=pool.site,
+        computed_at=timezone.now(),
+    )
+
+
+@pytest.fixture
+def jobs(worked_example: Any) -> dict[str, Any]:
+    from fleet.models import Gpu
+    from telemetry.models import WorkloadHourlyUsage
+
+    gpu = Gpu.objects.get(uuid="GPU-example")
+    alice = workload("slurm", "48213", "alice", "train-llm")
+    bob = workload("slurm", "48214", "bob")
+    rows = [held(alice, gpu, at(f"2026-03-02T{h:02d}"), 3600, 3240) for h in (0, 1)]
+    rows += [held(alice, gpu, at(f"2026-03-02T{h:02d}"), 3600, 0) for h in range(10, 15)]
+    rows += [held(bob, gpu, at(f"2026-03-02T{h:02d}"), 1800, 0) for h in (12, 13)]
+    WorkloadHourlyUsage.objects.bulk_create(rows)
+    return {"alice": alice, "bob": bob, "gpu": gpu}
+
+
+# --- [[people]] ------------------------------------------------------------------------------
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("tables", "error"),
+    [
+        ([{"user": "alice"}], "people[0].email: required"),
+        ([{"user": "alice", "email": "not-an-address"}], "people[0].email: not an email"),
+        ([{"email": "a@example.com"}], "people[0].user: required"),
+        ([{"user": "a/b", "email": "a@example.com"}], "people[0].user:"),
+        ([{"user": "alice", "email": "a@example.com", "mail": "x"}], "people[0].mail: unknown"),
+        ([{"user": "alice", "email": "a@example.com", "digest": "yes"}], "people[0].digest:"),
+        ([{"email_domain": "@example.com"}], "people[0].email_domain: a domain"),
+        ([{"email_domain": "example.com", "user": "x"}], "people[0].user: unknown"),
+        (
+            [{"email_domain": "example.com"}, {"email_domain": "example.org"}],
+            "people[1].email_domain: only one domain rule",
+        ),
+        (
+            [{"user": "alice", "email": "a@example.com"}, {"user": "alice", "email": "b@x.org"}],
+            "people[1].user: 'alice' appears twice",
+        ),
+    ],
+)
+def test_a_bad_people_table_is_refused_naming_its_field(
+    tables: list[dict[str, Any]], error: str
+) -> None:
+    with pytest.raises(FleetFileError) as raised:
+        people_apply(*tables)
+    assert str(raised.value).startswith(error), str(raised.value)
+    assert not Person.objects.exists()
+
+
+@pytest.mark.django_db
+def test_listed_people_come_first_then_the_domain_rule() -> None:
+    people_apply(
+        {"user": "alice", "email": "Alice.Smith@example.com"},
+        {"user": "carol", "email": "carol@lab.example.org", "digest": False},
+        {"email_domain": "example.com"},
+    )
+    found = people_directory()
+    assert found.email("alice") == "Alice.Smith@example.com"
+    assert found.email("bob") == "bob@example.com"  # the domain rule
+    assert found.email("") is None
+    assert found.email("two words") is None  # no valid address can be made of it
+    # The digest: on by default for a listed person, off unless asked for a domain rule.
+    assert (found.digest("alice"), found.digest("carol"), found.digest("bob")) == (
+        True,
+        False,
+        False,
+    )
+    # Applying the same file changes nothing; a new file replaces the people.
+    assert people_apply(
+        {"user": "alice", "email": "Alice.Smith@example.com"},
+        {"user": "carol", "email": "carol@lab.example.org", "digest": False},
+        {"email_domain": "example.com"},
+    ).updated == {}
+    people_apply({"user": "bob", "email": "bob@else.example.net"})
+    found = people_directory()
+    assert (found.email("alice"), found.email("bob")) == (None, "bob@else.example.net")
+
+
+# --- workload_held_hours -----------------------------------------------------------------------
+def measure(scope: str, now: dt.datetime, window_hours: int = 24) -> dict[str, Decimal]:
+    kind = RULE_KINDS["workload_held_hours"]
+    config = RuleConfig(
+        name="r", kind=kind.name, scope=Scope.parse(scope), threshold=Decimal(1),
+        window_hours=window_hours,
+    )  # fmt: skip
+    with figures.memo():
+        return {m.subject: m.value for m in kind.measure(config, kind.window_of(config, now), now)}
+
+
+def test_a_workloads_held_hours_are_its_gpu_hours_less_its_air_hours(jobs: Any) -> None:
+    alice, bob = f"workload:{jobs['alice'].pk}", f"workload:{jobs['bob'].pk}"
+    # 7 GPU hours − 1.8 air hours; bob 2 × 0.5 GPU hours, none in the air.
+    assert measure("pool:inference", NOW) == {alice: Decimal("5.2"), bob: Decimal("1")}
+    assert measure("team:research", NOW) == measure("fleet", NOW)
+    assert measure("pool:elsewhere", NOW) == {}
+    # The last 8 hours (12:00–20:00): alice's hours 12–14, bob's 12–13.
+    assert measure("fleet", NOW, window_hours=8) == {alice: Decimal("3"), bob: Decimal("1")}
+
+
+@pytest.mark.django_db
+def test_owner_is_only_for_workload_rules() -> None:
+    with pytest.raises(FleetFileError, match=r"alerts\[0\].notify\[0\]: 'owner' only works"):
+        rules_apply({"name": "x", "rule": "gpu_held_hours", "threshold": 4, "notify": ["owner"]})
+    rules_apply(
+        {"name": "x", "rule": "workload_held_hours", "threshold": 4, "notify": ["owner"]}
+    )
+
+
+def test_the_owner_is_mailed_as_a_colleague_and_the_rules_own_targets_too(
+    jobs: Any, eager: None, smtp: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    people_apply({"user": "alice", "email": "alice@example.com"}, {"email_domain": "example.org"})
+    rules_apply(
+        {
+            "name": "idle-jobs",
+            "rule": "workload_held_hours",
+            "scope": "pool:inference",
+            "threshold": 4,
+            "notify": ["owner", "mailto:hpc-team@example.com"],
+        }
+    )
+    with time_machine.travel(NOW, tick=False), django_capture_on_commit_callbacks(execute=True):
+        alerts_evaluate()
+
+    # Only alice's job passed 4 held hours (bob's held 1): her and the rule's own address.
+    targets = sorted(Delivery.objects.values_list("target", flat=True))
+    assert targets == ["mailto:alice@example.com", "mailto:hpc-team@example.com"]
+    by_rcpt = {tuple(e.rcpt_tos): e for e in smtp.envelopes}
+    assert set(by_rcpt) == {("alice@example.com",), ("hpc-team@example.com",)}
+    message = next(m for m in smtp.messages() if m["To"] == "alice@example.com")
+    # Non-ASCII (the ·) travels RFC 2047-encoded; the parser keeps the fold's space.
+    assert message["Subject"].strip() == (
+        "[gpufleet] firing idle-jobs: slurm 48213 · alice · train-llm at 5.2 h, above 4.0 h"
+    )
+    text = message.get_body(("plain",)).get_content()
+    assert text.startswith("Hi alice,")
+    assert (
+        "The Slurm job 48213 (train-llm) held 5.2 h of GPU time without computing over "
+        "2026-03-01 20:00 to 2026-03-02 20:00 UTC, out of 7.0 h it held in all" in text
+    )
+    assert "scancel 48213" in text
+    html = message.get_body(("html",)).get_content()
+    assert "Hi alice," in html and "<code>scancel 48213</code>" in html
+
+
+def test_an_owner_nobody_can_be_mailed_at_gets_nothing_and_stops_nothing(
+    jobs: Any, eager: None, smtp: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    # No people at all: the owner cannot be resolved; the rule's own target is still told.
+    rules_apply(
+        {
+            "name": "idle-jobs",
+            "rule": "workload_held_hours",
+            "threshold": 4,
+            "notify": ["owner", "mailto:hpc-team@example.com"],
+        }
+    )
+    with time_machine.travel(NOW, tick=False), django_capture_on_commit_callbacks(execute=True):
+        alerts_evaluate()
+    assert [e.rcpt_tos for e in smtp.envelopes] == [["hpc-team@example.com"]]
