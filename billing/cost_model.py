@@ -249,6 +249,23 @@ def idle_cost(
     ) + energy_cost(kind=kind, energy_kwh=idle_energy_kwh, pue=pue, price_per_kwh=price_per_kwh)
 
 
+def workload_cost(
+    *,
+    kind: str | None,
+    fixed_rate_per_hour: Decimal,
+    gpu_hours: Number,
+    energy_kwh: Number,
+    pue: Number,
+    price_per_kwh: Number,
+) -> Decimal:
+    """A workload's share of one GPU at one rate: ``GPU hours × fixed rate + kWh × PUE ×
+    price`` (energy: owned GPUs only). Its idle cost is the same sum over its held hours and
+    the held part of its energy (docs/metrics.md, "Workloads")."""
+    return fixed_cost_at_rate(
+        fixed_rate_per_hour=fixed_rate_per_hour, capacity_hours=gpu_hours
+    ) + energy_cost(kind=kind, energy_kwh=energy_kwh, pue=pue, price_per_kwh=price_per_kwh)
+
+
 def cost_per_air_hour(*, total_cost: Decimal, air_hours: Number) -> Decimal | None:
     """What one hour of real GPU work cost; ``None`` without air hours."""
     air = to_decimal(air_hours)

@@ -8,6 +8,8 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from billing import cost_model as cm
+
 
 class CostProfile(models.Model):
     """How one scope (a GPU, node, pool or site) is paid for; the most specific scope wins.
@@ -49,6 +51,16 @@ class CostProfile(models.Model):
     @property
     def scope(self) -> str:
         return f"{self.scope_kind}:{self.scope_name}"
+
+    def cost_terms(self) -> cm.CostTerms:
+        """The profile as the cost model's plain data."""
+        return cm.CostTerms(
+            kind=self.kind,
+            purchase_price=self.purchase_price,
+            depreciation_years=self.depreciation_years,
+            opex_per_hour=self.opex_per_hour,
+            rental_rate_per_hour=self.rental_rate_per_hour,
+        )
 
 
 class WeeklyReport(models.Model):
@@ -93,3 +105,28 @@ class ReportSubscription(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} ({'in' if self.opted_in else 'out'})"
+
+
+class WorkloadTeamRule(models.Model):
+    """One ``[[workload_teams]]`` rule of the fleet file: workloads that ``match`` belong to
+    ``team`` (docs/metrics.md, "Workloads"). ``position`` is the rule's place in the file: the
+    first rule that matches wins; a workload no rule matches stays with its pool's team."""
+
+    MATCH_FIELDS = ("account", "user", "kind", "id")
+
+    position = models.PositiveIntegerField(unique=True)
+    match_field = models.CharField(max_length=8, choices=[(f, f) for f in MATCH_FIELDS])
+    pattern = models.CharField(
+        max_length=200, help_text="The value to match; a trailing * matches any ending"
+    )
+    team = models.ForeignKey("fleet.Team", on_delete=models.PROTECT, related_name="+")
+
+    class Meta:
+        ordering = ["position"]
+
+    def __str__(self) -> str:
+        return f"{self.match_field}:{self.pattern} → team {self.team_id}"
+
+    @property
+    def match(self) -> str:
+        return f"{self.match_field}:{self.pattern}"

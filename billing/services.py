@@ -1,4 +1,5 @@
-"""Writes of billing: cost profiles and break-even workloads from the fleet file."""
+"""Writes of billing: cost profiles, break-even workloads and workload team rules from the
+fleet file."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from billing.forms import BREAKEVEN_KEYS, PRICE_KEYS, BreakevenForm
-from billing.models import CostProfile
-from fleet.models import FleetSettings, Gpu, Node, Pool, Site
+from billing.models import CostProfile, WorkloadTeamRule
+from fleet.identifiers import text_error
+from fleet.models import FleetSettings, Gpu, Node, Pool, Site, Team
 from fleet.services import ApplyResult, FleetFileError, fleet_decimal, fleet_file_apply
 
 _SCOPE_MODELS: dict[str, tuple[Any, str]] = {
@@ -139,6 +141,53 @@ def breakeven_workloads_apply(
             result.count("pools", False, True)
 
 
+WORKLOAD_TEAM_KEYS = ("match", "team")
+
+
+def workload_teams_apply(*, rows: Any, result: ApplyResult) -> None:
+    """Make the workload team rules exactly the fleet file's ``[[workload_teams]]``, in file
+    order (the first rule that matches a workload wins; docs/metrics.md, "Workloads")."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise FleetFileError("workload_teams: must be an array of tables ([[workload_teams]])")
+    wanted: list[tuple[str, str, int]] = []
+    for i, row in enumerate(rows):
+        where = f"workload_teams[{i}]"
+        unknown = sorted(set(row) - set(WORKLOAD_TEAM_KEYS))
+        if unknown:
+            known = ", ".join(WORKLOAD_TEAM_KEYS)
+            raise FleetFileError(f"{where}.{unknown[0]}: unknown (known: {known})")
+        match = row.get("match")
+        field_name, _, pattern = match.partition(":") if isinstance(match, str) else ("", "", "")
+        if field_name not in WorkloadTeamRule.MATCH_FIELDS or not pattern or pattern == "*":
+            raise FleetFileError(
+                f"{where}.match: expected account:NAME, user:NAME, kind:KIND or id:ID "
+                f"(a trailing * matches any ending), not {match!r}"
+            )
+        error = text_error(pattern, max_length=200)
+        if error is not None:
+            raise FleetFileError(f"{where}.match: {error}")
+        team_name = row.get("team")
+        if not isinstance(team_name, str) or not team_name:
+            raise FleetFileError(f"{where}.team: required")
+        team = Team.objects.filter(name=team_name).first()
+        if team is None:
+            raise FleetFileError(f"{where}.team: no team named {team_name!r}")
+        wanted.append((field_name, pattern, team.pk))
+    have = list(
+        WorkloadTeamRule.objects.order_by("position").values_list(
+            "match_field", "pattern", "team_id"
+        )
+    )
+    if have == wanted:
+        return
+    WorkloadTeamRule.objects.all().delete()
+    WorkloadTeamRule.objects.bulk_create(
+        WorkloadTeamRule(position=i, match_field=f, pattern=p, team_id=t)
+        for i, (f, p, t) in enumerate(wanted)
+    )
+    result.updated["workload_teams"] = len(wanted)
+
+
 # Sections of the fleet file that apps above billing own (alerts' ``[[alerts]]``). The owning
 # app registers its section from its AppConfig.ready(), so the dependency keeps pointing down:
 # billing calls whatever is registered and imports none of them. Each is called with the whole
@@ -170,6 +219,7 @@ def fleet_document_apply(*, document: dict[str, Any]) -> ApplyResult:
     cost_profiles_apply(rows=document.get("cost_profiles", []), result=result)
     new_pools = frozenset(Pool.objects.values_list("name", flat=True)) - existing
     breakeven_workloads_apply(document=document, result=result, new_pools=new_pools)
+    workload_teams_apply(rows=document.get("workload_teams", []), result=result)
     for section_apply in _FLEET_SECTIONS.values():
         section_apply(document=document, result=result)
     if result.gpus_window_changed:

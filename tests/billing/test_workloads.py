@@ -1,0 +1,277 @@
+"""Workload figures (docs/metrics.md, "Workloads"): the worked example to the cent, from raw
+samples through the rollup, on both dialects; groups as sums; team rules; filters; a GPU whose
+depreciation ends inside the period.
+
+The worked example, by hand. One owned profile: 30,000.00 over 5 years (43,830 h) + opex
+0.10/h = 0.684462697… + 0.10 = 0.784462697…/h; site PUE 1.5, 0.20/kWh (0.30 per kWh drawn).
+GPU A, one hour of 60 samples × 60 s at 80 %, 400 W (24,000 J each), jobs 101 and 102 each
+share_s 30, air_s 24 per sample:
+  each: GPU hours 60 × 30 / 3600 = 0.5; air 60 × 24 / 3600 = 0.4; held 0.1; util 0.8;
+        energy 60 × 24,000 × 30 / 60 = 720,000 J = 0.2 kWh;
+        cost = 0.5 × 0.784462697 + 0.2 × 0.30 = 0.392231348 + 0.06 = 0.452231348 → 0.45;
+        idle = cost × held / GPU hours = 0.452231348 × 0.2 = 0.090446270 → 0.09.
+GPU B, the same hour, 60 samples at 0 %, 70 W (4,200 J each), job 103 holding its allocation
+(share_s 60, air_s 0):
+  GPU hours 1.0; air 0; held 1.0; energy 60 × 4,200 = 252,000 J = 0.07 kWh;
+  cost = 0.784462697 + 0.07 × 0.30 = 0.805462697 → 0.81; idle = cost → 0.81.
+Account nlp (101 and 103): cost 0.452231348 + 0.805462697 = 1.257694045 → 1.26; idle
+0.090446270 + 0.805462697 = 0.895908967 → 0.90; GPU hours 1.5, air 0.4, utilisation 0.4 / 1.5.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from billing.cost_model import money_round
+from billing.workloads import TeamRule, WorkloadFilters, team_rule_match, workload_figures
+from telemetry.models import Workload, WorkloadHourlyUsage
+from telemetry.rollup import rollup_run
+from tests.billing.conftest import FleetBuilder
+from tests.telemetry.conftest import sample, samples_ingest
+
+RATE = Decimal(30000) / Decimal(43830) + Decimal("0.10")
+
+
+@pytest.fixture
+def hour() -> dt.datetime:
+    """02:00 UTC two days ago: in the past, inside raw retention, the same local day in UTC."""
+    today = timezone.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - dt.timedelta(days=2) + dt.timedelta(hours=2)
+
+
+def _span(hour: dt.datetime) -> dict[str, dt.date]:
+    return {"start": hour.date(), "end": hour.date() + dt.timedelta(days=1)}
+
+
+@pytest.fixture
+def example(fleet: FleetBuilder, hour: dt.datetime) -> dict[str, Any]:
+    fleet.settings(currency="EUR", report_time_zone="UTC")
+    site = fleet.site("fra1", pue="1.5", price_per_kwh="0.20")
+    research = fleet.team("research")
+    pool = fleet.pool("training", site=site, team=research)
+    node = fleet.node("gpu-01", pool=pool)
+    in_service = hour - dt.timedelta(days=30)
+    a = fleet.gpu("GPU-A", node=node, index=0, in_service_at=in_service)
+    b = fleet.gpu("GPU-B", node=node, index=1, in_service_at=in_service)
+    fleet.owned("pool:training", purchase_price="30000.00", opex_per_hour="0.10")
+    jobs = {}
+    for key, user, account in (("101", "alice", "nlp"), ("102", "bob", "vision"),
+                               ("103", "carol", "nlp")):  # fmt: skip
+        jobs[key] = Workload.objects.create(
+            site=site, kind="slurm", key=key, user_name=user, account=account,
+            name=f"job-{key}", created_at=timezone.now(),
+        )  # fmt: skip
+    minutes = [hour + dt.timedelta(minutes=m) for m in range(60)]
+    rows = [
+        sample(a, t, util=80.0, energy_j=24_000.0, procs=2,
+               workload_ids=[jobs["101"].pk, jobs["102"].pk],
+               workload_share_s=[30.0, 30.0], workload_air_s=[24.0, 24.0])
+        for t in minutes
+    ] + [
+        sample(b, t, util=0.0, energy_j=4_200.0, procs=0, workload_ids=[jobs["103"].pk],
+               workload_share_s=[60.0], workload_air_s=[0.0])
+        for t in minutes
+    ]  # fmt: skip
+    samples_ingest(rows)
+    rollup_run()
+    return {"jobs": jobs, "a": a, "b": b, "research": research, "site": site}
+
+
+def _money(rows: list[Any]) -> dict[str, tuple[Decimal, Decimal]]:
+    return {r.key: (money_round(r.cost), money_round(r.idle_cost)) for r in rows}
+
+
+def test_the_worked_example_per_workload_to_the_cent(
+    example: dict[str, Any], hour: dt.datetime
+) -> None:
+    rows = workload_figures(**_span(hour), group_by="workload")
+    assert [r.key for r in rows] == ["103", "101", "102"]  # worst idle cost first
+    by = {r.key: r for r in rows}
+    assert _money(rows) == {
+        "101": (Decimal("0.45"), Decimal("0.09")),
+        "102": (Decimal("0.45"), Decimal("0.09")),
+        "103": (Decimal("0.81"), Decimal("0.81")),
+    }
+    # Unrounded, against the hand computation in full precision (floats of the rollup: 1e-9).
+    assert abs(by["101"].cost - (RATE / 2 + Decimal("0.06"))) < Decimal("1e-9")
+    assert abs(by["101"].idle_cost - (RATE / 2 + Decimal("0.06")) / 5) < Decimal("1e-9")
+    assert abs(by["103"].idle_cost - (RATE + Decimal("0.021"))) < Decimal("1e-9")
+    one = by["101"]
+    assert (one.gpu_hours, one.air_hours) == pytest.approx((0.5, 0.4))
+    assert one.held_hours == pytest.approx(0.1)
+    assert one.utilization == pytest.approx(0.8)
+    assert one.energy_kwh == pytest.approx(0.2)
+    assert (one.kind, one.name, one.user, one.account, one.team, one.site, one.gpus) == (
+        "slurm", "job-101", "alice", "nlp", "research", "fra1", 1,
+    )  # fmt: skip
+    assert one.currency == "EUR" and one.priced
+    assert one.first_seen == hour and one.last_seen == hour + dt.timedelta(hours=1)
+    assert by["103"].utilization == 0.0 and by["103"].held_hours == pytest.approx(1.0)
+
+
+def test_the_worked_example_per_account_is_the_sum_of_its_workloads(
+    example: dict[str, Any], hour: dt.datetime
+) -> None:
+    rows = workload_figures(**_span(hour), group_by="account")
+    assert _money(rows) == {
+        "nlp": (Decimal("1.26"), Decimal("0.90")),
+        "vision": (Decimal("0.45"), Decimal("0.09")),
+    }
+    nlp = rows[0]
+    assert (nlp.key, nlp.gpus, nlp.workloads, nlp.user, nlp.account) == ("nlp", 2, 2, None, "nlp")
+    assert nlp.gpu_hours == pytest.approx(1.5) and nlp.air_hours == pytest.approx(0.4)
+    assert nlp.utilization == pytest.approx(0.4 / 1.5)  # a ratio of the sums
+    assert nlp.energy_kwh == pytest.approx(0.27)
+    users = _money(workload_figures(**_span(hour), group_by="user"))
+    assert users == {
+        "carol": (Decimal("0.81"), Decimal("0.81")),
+        "alice": (Decimal("0.45"), Decimal("0.09")),
+        "bob": (Decimal("0.45"), Decimal("0.09")),
+    }
+    teams = workload_figures(**_span(hour), group_by="team")
+    # All three on the pool's team: 2 × 0.452231348 + 0.805462697 = 1.709925393.
+    assert _money(teams) == {"research": (Decimal("1.71"), Decimal("0.99"))}
+
+
+def test_team_rules_first_match_wins_else_the_pools_team(
+    example: dict[str, Any], fleet: FleetBuilder, hour: dt.datetime
+) -> None:
+    from billing.models import WorkloadTeamRule
+
+    nlp_team = fleet.team("nlp-team")
+    other = fleet.team("other")
+    WorkloadTeamRule.objects.create(position=0, match_field="account", pattern="nl*", team=nlp_team)
+    WorkloadTeamRule.objects.create(position=1, match_field="user", pattern="alice", team=other)
+    teams = _money(workload_figures(**_span(hour), group_by="team"))
+    assert teams == {
+        "nlp-team": (Decimal("1.26"), Decimal("0.90")),  # 101 and 103 (the first rule wins)
+        "research": (Decimal("0.45"), Decimal("0.09")),  # 102: no rule, its pool's team
+    }
+    only = workload_figures(
+        **_span(hour), group_by="workload", filters=WorkloadFilters(teams=("research",))
+    )
+    assert [r.key for r in only] == ["102"]
+
+
+def test_team_rule_match_by_field_and_prefix() -> None:
+    rules = [
+        TeamRule("id", "48*", 1),
+        TeamRule("kind", "k8s", 2),
+        TeamRule("user", "alice", 3),
+        TeamRule("account", "nlp", 4),
+    ]
+    match = team_rule_match
+    assert match(rules, kind="slurm", key="4821", user="x", account="y") == 1
+    assert match(rules, kind="k8s", key="ns/pod", user="alice", account="nlp") == 2
+    assert match(rules, kind="slurm", key="9", user="alice", account="nlp") == 3
+    assert match(rules, kind="slurm", key="9", user="bob", account="nlp") == 4
+    assert match(rules, kind="slurm", key="9", user="bob", account="nlpx") is None
+
+
+def test_filters_and_the_pages_groupings(example: dict[str, Any], hour: dt.datetime) -> None:
+    span = _span(hour)
+    f = WorkloadFilters
+    assert [r.key for r in workload_figures(**span, filters=f(users=("bob",)))] == ["102"]
+    assert [r.key for r in workload_figures(**span, filters=f(accounts=("nlp",)))] == [
+        "103",
+        "101",
+    ]
+    assert workload_figures(**span, filters=f(kinds=("k8s",))) == []
+    assert len(workload_figures(**span, filters=f(sites=("fra1",)))) == 3
+    on_a = workload_figures(**span, filters=f(gpus=("GPU-A",)))
+    assert sorted(r.key for r in on_a) == ["101", "102"]
+    job = example["jobs"]["101"]
+    per_gpu = workload_figures(**span, group_by="gpu", filters=f(workloads=(job.pk,)))
+    assert [(r.gpu_uuid, r.gpu_label, money_round(r.cost)) for r in per_gpu] == [
+        ("GPU-A", "gpu-01#0", Decimal("0.45"))
+    ]
+    per_day = workload_figures(**span, group_by="day", filters=f(workloads=(job.pk,)))
+    assert [(r.day, r.gpu_hours) for r in per_day] == [(hour.date(), pytest.approx(0.5))]
+    with pytest.raises(ValueError, match="^group_by"):
+        workload_figures(**span, group_by="pool")
+    with pytest.raises(ValueError, match="^end"):
+        workload_figures(start=span["end"], end=span["start"])
+
+
+def test_the_rate_changes_where_depreciation_ends_inside_the_period(
+    fleet: FleetBuilder,
+) -> None:
+    """Bought for 8,766.00 over 1 year: 1.00/h + opex 0.10 while depreciating, 0.10 after.
+    In service 2025-03-01 00:00 UTC, so depreciation ends 8,766 h later: 2026-03-01 06:00 UTC.
+    One workload held the GPU 05:00–07:00 on that day, idle (air 0), no energy: hour 05 at
+    1.10, hour 06 at 0.10 → cost = idle = 1.20 (a single rate over both would say 2.20 or
+    0.20)."""
+    site = fleet.site("fra1", pue="1.0", price_per_kwh="0")
+    pool = fleet.pool("p", site=site)
+    node = fleet.node("n1", pool=pool)
+    gpu = fleet.gpu("GPU-D", node=node, in_service_at=dt.datetime(2025, 3, 1, tzinfo=dt.UTC))
+    fleet.owned("pool:p", purchase_price="8766.00", depreciation_years="1", opex_per_hour="0.10")
+    job = Workload.objects.create(site=site, kind="user", key="dora", created_at=timezone.now())
+    for h in (5, 6):
+        WorkloadHourlyUsage.objects.create(
+            workload=job, gpu=gpu, hour=dt.datetime(2026, 3, 1, h, tzinfo=dt.UTC), site=site,
+            pool=pool, samples=60, gpu_s=3600.0, air_s=0.0, energy_j=0.0,
+            computed_at=timezone.now(),
+        )  # fmt: skip
+    (row,) = workload_figures(start=dt.date(2026, 3, 1), end=dt.date(2026, 3, 2))
+    assert (row.cost, row.idle_cost) == (Decimal("1.2"), Decimal("1.2"))
+    assert row.team == "(none)"  # no rule, no pool team
+
+
+# --- [[workload_teams]] in the fleet file -----------------------------------------------------
+def _document(rules: Any) -> dict[str, Any]:
+    return {
+        "currency": "EUR",
+        "teams": [{"name": "research"}, {"name": "platform"}],
+        "workload_teams": rules,
+    }
+
+
+def test_workload_teams_are_applied_in_file_order_and_replaced(db: Any) -> None:
+    from billing.models import WorkloadTeamRule
+    from billing.services import fleet_document_apply
+
+    rules = [
+        {"match": "account:nlp", "team": "research"},
+        {"match": "id:48*", "team": "platform"},
+    ]
+    result = fleet_document_apply(document=_document(rules))
+    assert result.updated["workload_teams"] == 2
+    got = [(r.match, r.team.name) for r in WorkloadTeamRule.objects.select_related("team")]
+    assert got == [("account:nlp", "research"), ("id:48*", "platform")]
+    again = fleet_document_apply(document=_document(rules))
+    assert "workload_teams" not in again.updated  # the same file twice changes nothing
+    fleet_document_apply(document=_document(list(reversed(rules))))
+    assert [r.match for r in WorkloadTeamRule.objects.all()] == ["id:48*", "account:nlp"]
+    fleet_document_apply(document=_document([]))
+    assert not WorkloadTeamRule.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ([{"match": "group:x", "team": "research"}], r"workload_teams\[0\]\.match: expected"),
+        ([{"match": "account:", "team": "research"}], r"workload_teams\[0\]\.match: expected"),
+        ([{"match": "user:*", "team": "research"}], r"workload_teams\[0\]\.match: expected"),
+        ([{"match": 3, "team": "research"}], r"workload_teams\[0\]\.match: expected"),
+        ([{"match": "user:a\x07", "team": "research"}], r"workload_teams\[0\]\.match: must"),
+        ([{"match": "user:a"}], r"workload_teams\[0\]\.team: required"),
+        ([{"match": "user:a", "team": "nobody"}], r"workload_teams\[0\]\.team: no team named"),
+        (
+            [{"match": "user:a", "team": "research"}, {"match": "kind:k8s", "tema": "x"}],
+            r"workload_teams\[1\]\.tema: unknown",
+        ),
+        ({"match": "user:a"}, r"workload_teams: must be an array of tables"),
+    ],
+)
+def test_workload_teams_reject_naming_the_field(db: Any, rules: Any, message: str) -> None:
+    from billing.services import fleet_document_apply
+    from fleet.services import FleetFileError
+
+    with pytest.raises(FleetFileError, match=message):
+        fleet_document_apply(document=_document(rules))
