@@ -55,3 +55,20 @@ def delivery_task(self: Any, delivery_id: int) -> str:
     if outcome.retry_in is not None and not self.request.is_eager:
         raise self.retry(countdown=outcome.retry_in)
     return outcome.status
+
+
+@shared_task(  # type: ignore[untyped-decorator]
+    name="alerts.tasks.digests_task",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=60,
+    max_retries=3,
+    ignore_result=True,
+)
+def digests_task() -> str:
+    """Beat: hourly. Last week's digests per workload user once the weekly report is due;
+    each (week, user) is claimed, so reruns and retries send nothing twice."""
+    from alerts.digest import digests_send_due
+
+    return digests_send_due()

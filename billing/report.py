@@ -72,6 +72,20 @@ def week_parse(value: str) -> dt.date:
     return monday
 
 
+def week_ended(value: str | None) -> dt.date:
+    """A command's ``--week``: that ISO week's Monday, which must have ended in the report
+    time zone; without a value, the last complete week. ValueError naming ``week``."""
+    if not value:
+        return last_complete_week()
+    week_start = week_parse(value)
+    local, _ = report_now()
+    if week_start + dt.timedelta(weeks=1) > local.date():
+        raise ValueError(
+            f"week: {week_label(week_start)} has not ended yet in the report time zone"
+        )
+    return week_start
+
+
 def report_now(now: dt.datetime | None = None) -> tuple[dt.datetime, ZoneInfo]:
     zone = FleetSettings.load().report_zone
     return (now or timezone.now()).astimezone(zone), zone
@@ -529,6 +543,25 @@ def weekly_report_recipients() -> list[str]:
     return list(seen.values())
 
 
+def claim_take(model: Any, pk: int) -> dt.datetime | None:
+    """The compare-and-swap of an exactly-once delivery row (``claimed_at``, ``sent_at``): of
+    all the senders that get here, one changes the row and gets its claim time; the others
+    get None. A claim older than ``CLAIM_TIMEOUT`` belongs to a sender that died: taken over.
+    """
+    claimed_at = timezone.now()
+    claimed = (
+        model.objects.filter(pk=pk, sent_at__isnull=True)
+        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=claimed_at - CLAIM_TIMEOUT))
+        .update(claimed_at=claimed_at)
+    )
+    return claimed_at if claimed == 1 else None
+
+
+def claim_release(model: Any, pk: int, claimed_at: dt.datetime) -> None:
+    """Give a claim back (nothing went out), so that a retry sends it."""
+    model.objects.filter(pk=pk, claimed_at=claimed_at, sent_at__isnull=True).update(claimed_at=None)
+
+
 @dataclass
 class SendResult:
     week: str
@@ -567,14 +600,8 @@ def weekly_report_send(
     if report.sent_at is not None:
         return SendResult(week, "already_sent", report.recipients_count, sent_at=report.sent_at)
 
-    # The compare-and-swap: of all the senders that get here, one changes the row.
-    claimed_at = timezone.now()
-    claimed = (
-        WeeklyReport.objects.filter(pk=report.pk, sent_at__isnull=True)
-        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=claimed_at - CLAIM_TIMEOUT))
-        .update(claimed_at=claimed_at)
-    )
-    if claimed != 1:
+    claimed_at = claim_take(WeeklyReport, report.pk)
+    if claimed_at is None:
         report.refresh_from_db()
         if report.sent_at is not None:
             return SendResult(week, "already_sent", report.recipients_count, sent_at=report.sent_at)
@@ -595,9 +622,7 @@ def weekly_report_send(
                     # delivered and log who missed it.
                     logger.exception("weekly report %s: sending to %s failed", week, message.to)
     except BaseException:
-        WeeklyReport.objects.filter(
-            pk=report.pk, claimed_at=claimed_at, sent_at__isnull=True
-        ).update(claimed_at=None)
+        claim_release(WeeklyReport, report.pk, claimed_at)
         raise
     sent_at = timezone.now()
     WeeklyReport.objects.filter(pk=report.pk).update(

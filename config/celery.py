@@ -57,6 +57,12 @@ app.conf.beat_schedule = {
         "schedule": crontab(minute=5),
         "options": {"expires": 3000},
     },
+    # Beside it, each workload user's digest of last week (alerts.digest), once per user.
+    "digests": {
+        "task": "alerts.tasks.digests_task",
+        "schedule": crontab(minute=10),
+        "options": {"expires": 3000},
+    },
 }
 
 

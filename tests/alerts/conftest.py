@@ -4,6 +4,7 @@ in-process."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import http.server
@@ -239,3 +240,59 @@ def receiver() -> Iterator[Callable[..., Receiver]]:
 from tests.billing.test_report import Sink, smtp  # noqa: E402, F401
 
 __all__ = ["EXAMPLE_NOW", "Sink", "at", "open_alert"]
+
+
+# --- workloads -------------------------------------------------------------------------------
+# On the worked example's GPU (pool inference, team research): Slurm job 48213 of alice held
+# it in hours 10–14 of 2 March (its process on it, nothing computing: 5 × 3,600 GPU seconds,
+# 0 air seconds) and computed in hours 00–01 (2 × 3,600 GPU s, 2 × 3,240 air s) → 7 GPU hours,
+# 1.8 air hours, 5.2 held hours. Job 48214 of bob held it half and half with nobody in hours
+# 12–13: 2 × 1,800 GPU seconds, none in the air → 1 GPU hour, all of it held.
+
+
+def workload(kind: str, key: str, user: str, name: str = "", site: Any = None) -> Any:
+    from django.utils import timezone
+
+    from telemetry.models import Workload
+
+    return Workload.objects.create(
+        kind=kind, key=key, user_name=user, name=name, site=site, created_at=timezone.now()
+    )
+
+
+def held(workload: Any, gpu: Any, hour: dt.datetime, gpu_s: float, air_s: float) -> Any:
+    from django.utils import timezone
+
+    from telemetry.models import WorkloadHourlyUsage
+
+    node = gpu.node
+    pool = node.pool
+    return WorkloadHourlyUsage(
+        workload=workload,
+        gpu=gpu,
+        hour=hour,
+        samples=60,
+        gpu_s=gpu_s,
+        air_s=air_s,
+        energy_j=0.0,
+        node=node,
+        pool=pool,
+        team=pool.team,
+        site=pool.site,
+        computed_at=timezone.now(),
+    )
+
+
+@pytest.fixture
+def jobs(worked_example: Any) -> dict[str, Any]:  # noqa: F811 - the fixture above
+    from fleet.models import Gpu
+    from telemetry.models import WorkloadHourlyUsage
+
+    gpu = Gpu.objects.get(uuid="GPU-example")
+    alice = workload("slurm", "48213", "alice", "train-llm")
+    bob = workload("slurm", "48214", "bob")
+    rows = [held(alice, gpu, at(f"2026-03-02T{h:02d}"), 3600, 3240) for h in (0, 1)]
+    rows += [held(alice, gpu, at(f"2026-03-02T{h:02d}"), 3600, 0) for h in range(10, 15)]
+    rows += [held(bob, gpu, at(f"2026-03-02T{h:02d}"), 1800, 0) for h in (12, 13)]
+    WorkloadHourlyUsage.objects.bulk_create(rows)
+    return {"alice": alice, "bob": bob, "gpu": gpu}

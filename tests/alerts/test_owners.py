@@ -1,13 +1,5 @@
 """Owners: the fleet file's ``[[people]]``, the ``workload_held_hours`` rule and its
-``notify = ["owner"]``, through a real SMTP server.
-
-The workload rows are written by hand on the worked example's GPU (pool inference, team
-research): Slurm job 48213 of alice held the GPU in hours 10–14 of 2 March (its process on
-it, nothing computing: 5 × 3,600 GPU seconds, 0 air seconds) and computed in hours 00–01
-(2 × 3,600 GPU seconds, 2 × 3,240 air seconds) → 7 GPU hours, 1.8 air hours, 5.2 held hours.
-Job 48214 of bob shared hours 12–13 half and half with nobody else's money involved: 2 ×
-1,800 GPU seconds, 0 air → 1 held hour.
-"""
+``notify = ["owner"]``, through a real SMTP server, on the workloads of ``jobs`` (conftest)."""
 
 from __future__ import annotations
 
@@ -35,54 +27,6 @@ def people_apply(*tables: dict[str, Any]) -> ApplyResult:
     with transaction.atomic():
         people_section_apply(document={"people": list(tables)}, result=result)
     return result
-
-
-def workload(kind: str, key: str, user: str, name: str = "", site: Any = None) -> Any:
-    from django.utils import timezone
-
-    from telemetry.models import Workload
-
-    return Workload.objects.create(
-        kind=kind, key=key, user_name=user, name=name, site=site, created_at=timezone.now()
-    )
-
-
-def held(workload: Any, gpu: Any, hour: dt.datetime, gpu_s: float, air_s: float) -> Any:
-    from django.utils import timezone
-
-    from telemetry.models import WorkloadHourlyUsage
-
-    node = gpu.node
-    pool = node.pool
-    return WorkloadHourlyUsage(
-        workload=workload,
-        gpu=gpu,
-        hour=hour,
-        samples=60,
-        gpu_s=gpu_s,
-        air_s=air_s,
-        energy_j=0.0,
-        node=node,
-        pool=pool,
-        team=pool.team,
-        site=pool.site,
-        computed_at=timezone.now(),
-    )
-
-
-@pytest.fixture
-def jobs(worked_example: Any) -> dict[str, Any]:
-    from fleet.models import Gpu
-    from telemetry.models import WorkloadHourlyUsage
-
-    gpu = Gpu.objects.get(uuid="GPU-example")
-    alice = workload("slurm", "48213", "alice", "train-llm")
-    bob = workload("slurm", "48214", "bob")
-    rows = [held(alice, gpu, at(f"2026-03-02T{h:02d}"), 3600, 3240) for h in (0, 1)]
-    rows += [held(alice, gpu, at(f"2026-03-02T{h:02d}"), 3600, 0) for h in range(10, 15)]
-    rows += [held(bob, gpu, at(f"2026-03-02T{h:02d}"), 1800, 0) for h in (12, 13)]
-    WorkloadHourlyUsage.objects.bulk_create(rows)
-    return {"alice": alice, "bob": bob, "gpu": gpu}
 
 
 # --- [[people]] ------------------------------------------------------------------------------
@@ -136,11 +80,14 @@ def test_listed_people_come_first_then_the_domain_rule() -> None:
         False,
     )
     # Applying the same file changes nothing; a new file replaces the people.
-    assert people_apply(
-        {"user": "alice", "email": "Alice.Smith@example.com"},
-        {"user": "carol", "email": "carol@lab.example.org", "digest": False},
-        {"email_domain": "example.com"},
-    ).updated == {}
+    assert (
+        people_apply(
+            {"user": "alice", "email": "Alice.Smith@example.com"},
+            {"user": "carol", "email": "carol@lab.example.org", "digest": False},
+            {"email_domain": "example.com"},
+        ).updated
+        == {}
+    )
     people_apply({"user": "bob", "email": "bob@else.example.net"})
     found = people_directory()
     assert (found.email("alice"), found.email("bob")) == (None, "bob@else.example.net")
@@ -171,9 +118,7 @@ def test_a_workloads_held_hours_are_its_gpu_hours_less_its_air_hours(jobs: Any) 
 def test_owner_is_only_for_workload_rules() -> None:
     with pytest.raises(FleetFileError, match=r"alerts\[0\].notify\[0\]: 'owner' only works"):
         rules_apply({"name": "x", "rule": "gpu_held_hours", "threshold": 4, "notify": ["owner"]})
-    rules_apply(
-        {"name": "x", "rule": "workload_held_hours", "threshold": 4, "notify": ["owner"]}
-    )
+    rules_apply({"name": "x", "rule": "workload_held_hours", "threshold": 4, "notify": ["owner"]})
 
 
 def test_the_owner_is_mailed_as_a_colleague_and_the_rules_own_targets_too(

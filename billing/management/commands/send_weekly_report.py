@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.validators import validate_email
 
-from billing.report import (
-    last_complete_week,
-    report_now,
-    week_label,
-    week_parse,
-    weekly_report_send,
-)
+from billing.report import week_ended, weekly_report_send
 
 
 class Command(BaseCommand):
@@ -36,17 +29,9 @@ class Command(BaseCommand):
                 validate_email(to)
             except ValidationError as exc:
                 raise CommandError(f"--to: not an email address: {to!r}") from exc
-        if options.get("week"):
-            try:
-                week_start = week_parse(options["week"])
-            except ValueError as exc:
-                raise CommandError(f"--{exc}") from exc
-            local, _ = report_now()
-            if week_start + dt.timedelta(weeks=1) > local.date():
-                raise CommandError(
-                    f"--week: {week_label(week_start)} has not ended yet in the report time zone"
-                )
-        else:
-            week_start = last_complete_week()
+        try:
+            week_start = week_ended(options.get("week"))
+        except ValueError as exc:
+            raise CommandError(f"--{exc}") from exc
         result = weekly_report_send(week_start=week_start, to=to)
         self.stdout.write(result.message)
