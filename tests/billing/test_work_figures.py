@@ -193,6 +193,53 @@ def test_api_work_figures_are_null_without_data(
     assert all(line[name] == "" for name in WORK_FIELDS)
 
 
+def test_from_raw_samples_through_the_rollup_to_the_api(fleet: Any, role_client: Any) -> None:
+    """Two raw samples of one minute each, two days ago, on an owned GPU at the worked
+    example's terms: 90 % util, 24,000 J, SM 0.5 and tensor 0.25 over 30 of its 60 s (prof_s);
+    50 % util, 12,000 J, SM 0.25 over the whole minute (no prof_s), no tensor. By hand:
+      profiled 30 + 60 = 90 s = 0.025 h; work 0.5 × 30 + 0.25 × 60 = 30 s = 0.008333 h;
+      work utilisation 30 / 90 = 0.333333; tensor 0.25 × 30 = 7.5 s = 0.002083 h, tensor
+      utilisation 7.5 / 30 = 0.25; busy but not working (54 + 30) − 30 = 54 s = 0.015 h;
+      the one GPU-hour with data: 0.784463 + 36,000 J = 0.01 kWh × 1.5 × 0.20 = 0.787463;
+      per work hour 0.787463 / (30 / 3600) = 94.495524 → 94.50."""
+    from django.utils import timezone
+
+    from telemetry.rollup import rollup_run
+    from tests.telemetry.conftest import sample, samples_ingest
+
+    now = timezone.now().astimezone(dt.UTC)
+    hour = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(days=2)
+    node = fleet.node("gpu-09", site=fleet.site("fra1", pue="1.5", price_per_kwh="0.20"))
+    gpu = fleet.gpu("GPU-raw", node=node, in_service_at=hour)
+    fleet.owned("gpu:GPU-raw")
+    samples_ingest(
+        [
+            sample(gpu, hour, util=90.0, energy_j=24_000.0, procs=1, sm_active=0.5,
+                   tensor_active=0.25, prof_s=30.0),
+            sample(gpu, hour + dt.timedelta(minutes=1), util=50.0, energy_j=12_000.0, procs=1,
+                   sm_active=0.25),
+        ]
+    )  # fmt: skip
+    rollup_run()
+    day = hour.date()
+    response = role_client("finance").get(
+        "/api/v1/costs", {"start": day.isoformat(), "end": (day + dt.timedelta(days=1)).isoformat()}
+    )
+    assert response.status_code == 200, response.content
+    (row,) = response.json()["results"]
+    assert (row["profiled_hours"], row["work_hours"], row["busy_not_working_hours"]) == (
+        0.025,
+        0.008333,
+        0.015,
+    )
+    assert (row["work_utilization"], row["tensor_hours"], row["tensor_utilization"]) == (
+        0.333333,
+        0.002083,
+        0.25,
+    )
+    assert row["cost_per_work_hour"] == "94.50"
+
+
 # --- pages ------------------------------------------------------------------------------------
 def _page(role_client: Any, name: str, role: str = "finance", *args: str) -> str:
     url = f"{reverse(name, args=args)}?from={EXAMPLE_DAY}&to={EXAMPLE_DAY}"
