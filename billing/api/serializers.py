@@ -282,7 +282,7 @@ class CostRowSerializer(serializers.Serializer[Any]):
     )
     busy_not_working_hours = serializers.FloatField(
         allow_null=True,
-        help_text="Air hours of the samples with sm_active − their work hours; null without data",
+        help_text="Air hours of the samples with sm_active − work hours, ≥ 0; null without data",
     )
     work_utilization = serializers.FloatField(
         allow_null=True, help_text="work hours / profiled hours, 0–1; null without data"
