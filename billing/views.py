@@ -136,7 +136,7 @@ def _work_card(row: selectors.CostRow, *, costs: bool, currency: str) -> dict[st
         return _card(
             label,
             NO_PROFILING,
-            "no GPU here reports SM activity (GPM or dcgm-exporter)",
+            "no SM activity reported here (NVML GPM or dcgm-exporter)",
             ident=ident,
         )
     worked = f"SMs worked {pct(row.work_utilization)} of the time profiled"
@@ -747,6 +747,7 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
                     ident="kpi-cost-per-air-hour",
                 ),
             ]
+        cards.append(_work_card(row, costs=costs, currency=flt.currency))
     node = gpu.node
     site = node.effective_site
     return render(

@@ -266,6 +266,7 @@ def test_pages_show_the_work_figures(profiled_example: Any, role_client: Any, fr
     assert 'data-label="Work util. %">15.0 %<' in _page(role_client, "chargeback")
     html = _page(role_client, "gpu-detail", "finance", "GPU-example")
     assert 'id="chart-gpu-activity"' in html
+    assert _kpi(html, "kpi-cost-per-work-hour") == "5.72"
 
 
 def test_pages_say_no_profiling_data_instead_of_zero(
@@ -284,6 +285,7 @@ def test_pages_say_no_profiling_data_instead_of_zero(
         ), name
     html = _page(role_client, "gpu-detail", "finance", "GPU-example")
     assert 'id="chart-gpu-activity"' not in html
+    assert _kpi(html, "kpi-cost-per-work-hour") == "no profiling data"
     assert "No profiling data: this GPU reports no SM, tensor or memory activity" in html
 
 
