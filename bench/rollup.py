@@ -14,7 +14,12 @@ One day of 1-minute samples for 1,000 GPUs (1.44 M rows, loaded with COPY) on Po
   of the code can be compared with another's on the same ``--seed``; the ``DailyUsage`` rows
   the triggers keep are hashed too.
 
-Goals: rollup ≥ 0.7 × the reference's speed; re-run ≤ 1.5 × the first run. Ratios print last.
+* with and without profiling: the first run of the production rollup against the same rollup
+  with the profiling figures of the four new sample fields (sm_occupancy, tensor_active,
+  dram_active, prof_s; docs/metrics.md, "Work") left out (``without_profiling``), alternating.
+
+Goals: rollup ≥ 0.7 × the reference's speed; re-run ≤ 1.5 × the first run; with the profiling
+figures ≤ 1.15 × without. Ratios print last.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/DB .venv/bin/python bench/rollup.py
 
@@ -26,11 +31,13 @@ their rollups at the end (``--keep`` leaves them). Do not point it at production
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +52,7 @@ from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from fleet.models import FleetSettings, Gpu, Node  # noqa: E402
+from telemetry.models import RollupColumn  # noqa: E402
 from telemetry.pending import hours_mark  # noqa: E402
 from telemetry.rollup import rollup_run  # noqa: E402
 
@@ -52,7 +60,8 @@ NODE = "bench-rollup"
 REF_TABLE = "bench_rollup_reference"
 COLUMNS = (
     "gpu_id, start, seconds, util_pct, mem_util_pct, mem_used_bytes, procs, power_w, energy_j, "
-    "temp_c, throttle_power_cap_s, throttle_thermal_s, throttle_any_s, sm_active, received_at"
+    "temp_c, throttle_power_cap_s, throttle_thermal_s, throttle_any_s, sm_active, sm_occupancy, "
+    "tensor_active, dram_active, prof_s, received_at"
 )
 MEMORY_TOTAL = 80 * 1024**3
 
@@ -64,7 +73,8 @@ INSERT INTO {REF_TABLE} (
     parked_s, energy_j, idle_energy_j, idle_s, power_w_mean, power_w_max, temp_c_max,
     util_pct_mean, mem_util_pct_mean, throttle_power_cap_s, throttle_thermal_s,
     throttle_hw_slowdown_s, throttle_other_s, throttle_any_s, sm_active_s, sm_observed_s,
-    computed_at)
+    sm_air_s, tensor_active_s, tensor_observed_s, sm_hours, sm_hours_energy_j,
+    sm_occupancy_mean, dram_active_mean, computed_at)
 SELECT
     s.gpu_id, date_trunc('hour', s.start, 'UTC'), g.node_id, n.pool_id,
     COALESCE(g.team_id, p.team_id), COALESCE(n.site_id, p.site_id),
@@ -92,8 +102,20 @@ SELECT
     sum(COALESCE(s.throttle_any_s, GREATEST(COALESCE(s.throttle_power_cap_s, 0),
         COALESCE(s.throttle_thermal_s, 0), COALESCE(s.throttle_hw_slowdown_s, 0),
         COALESCE(s.throttle_other_s, 0)))),
-    COALESCE(sum(s.sm_active * s.seconds), 0),
-    sum(CASE WHEN s.sm_active IS NOT NULL THEN s.seconds ELSE 0 END),
+    -- profiling (docs/metrics.md, "Work"): means over prof_s, else the interval
+    COALESCE(sum(s.sm_active * COALESCE(s.prof_s, s.seconds)), 0),
+    sum(CASE WHEN s.sm_active IS NOT NULL THEN COALESCE(s.prof_s, s.seconds) ELSE 0 END),
+    sum(CASE WHEN s.sm_active IS NOT NULL
+        THEN COALESCE(s.active_s, s.util_pct / 100.0 * s.seconds) ELSE 0 END),
+    COALESCE(sum(s.tensor_active * COALESCE(s.prof_s, s.seconds)), 0),
+    sum(CASE WHEN s.tensor_active IS NOT NULL THEN COALESCE(s.prof_s, s.seconds) ELSE 0 END),
+    CASE WHEN count(s.sm_active) > 0 THEN 1 ELSE 0 END,
+    CASE WHEN count(s.sm_active) > 0
+        THEN sum(COALESCE(s.energy_j, s.power_w * s.seconds, 0)) ELSE 0 END,
+    sum(s.sm_occupancy * COALESCE(s.prof_s, s.seconds)) / NULLIF(sum(CASE WHEN
+        s.sm_occupancy IS NOT NULL THEN COALESCE(s.prof_s, s.seconds) ELSE 0 END), 0),
+    sum(s.dram_active * COALESCE(s.prof_s, s.seconds)) / NULLIF(sum(CASE WHEN
+        s.dram_active IS NOT NULL THEN COALESCE(s.prof_s, s.seconds) ELSE 0 END), 0),
     now()
 FROM telemetry_sample s
 JOIN fleet_gpu g ON g.id = s.gpu_id
@@ -116,6 +138,10 @@ ON CONFLICT (gpu_id, hour) DO UPDATE SET
     throttle_hw_slowdown_s = EXCLUDED.throttle_hw_slowdown_s,
     throttle_other_s = EXCLUDED.throttle_other_s, throttle_any_s = EXCLUDED.throttle_any_s,
     sm_active_s = EXCLUDED.sm_active_s, sm_observed_s = EXCLUDED.sm_observed_s,
+    sm_air_s = EXCLUDED.sm_air_s, tensor_active_s = EXCLUDED.tensor_active_s,
+    tensor_observed_s = EXCLUDED.tensor_observed_s, sm_hours = EXCLUDED.sm_hours,
+    sm_hours_energy_j = EXCLUDED.sm_hours_energy_j,
+    sm_occupancy_mean = EXCLUDED.sm_occupancy_mean, dram_active_mean = EXCLUDED.dram_active_mean,
     computed_at = EXCLUDED.computed_at
 """
 
@@ -184,7 +210,7 @@ def load(gpus: list[int], lo: dt.datetime, minutes: int, seed: int) -> int:
         busy = rng.random()  # this profile's share of busy minutes
         has_energy = p % 4 != 0  # a quarter send only power (no energy counter)
         has_procs = p % 5 != 0  # some cannot see processes (the memory rule applies)
-        has_sm = p % 3 == 0  # some run DCGM
+        has_sm = p % 3 == 0  # some run DCGM or GPM
         lines = []
         for m in range(minutes):
             start = (lo + dt.timedelta(minutes=m)).isoformat()
@@ -193,12 +219,20 @@ def load(gpus: list[int], lo: dt.datetime, minutes: int, seed: int) -> int:
             held = util > 5 or rng.random() < 0.5
             thermal = 0.25 * rng.randint(0, 80) if util > 90 else 0.0
             cap = 0.25 * rng.randint(0, 120) if util > 80 else 0.0
+            # Profiling: SM active k/16, occupancy and tensor halves and quarters of it, DRAM
+            # in eighths, over 56 of the 60 s in every eighth minute (a GPM pair missed).
+            sm = util / 100 if has_sm else None
+            prof = (
+                (sm, sm / 2, sm / 4, 0.125 * rng.randint(0, 8), 56.0 if m % 8 == 0 else 60.0)
+                if sm is not None
+                else (None, None, None, None, None)
+            )
             values = (
                 start, 60, util, util / 2, int(MEMORY_TOTAL * (0.5 if held else 0.01)),
                 (1 if held else 0) if has_procs else None,
                 power, power * 60 if has_energy else None, 40 + util / 4,
                 cap, thermal, max(cap, thermal) if p % 2 else None,
-                util / 100 if has_sm else None, received,
+                *prof, received,
             )  # fmt: skip
             lines.append("\t".join("\\N" if v is None else str(v) for v in values) + "\n")
         profiles.append(lines)
@@ -210,6 +244,53 @@ def load(gpus: list[int], lo: dt.datetime, minutes: int, seed: int) -> int:
                 copy.write(prefix + prefix.join(profiles[i % 16]))
                 n += minutes
     return n
+
+
+# The second wave's profiling figures (docs/metrics.md, "Work"): what the rollup computes from
+# the four new sample fields (sm_occupancy, tensor_active, dram_active, prof_s) beside sm_active.
+PROFILING_SUMS = (
+    "sm_air_s",
+    "tensor_active_s",
+    "tensor_observed_s",
+    "sm_hours",
+    "sm_hours_energy_j",
+)
+PROFILING_STATS = ("sm_occupancy_mean", "dram_active_mean")
+
+
+@contextlib.contextmanager
+def without_profiling() -> Iterator[None]:
+    """The rollup as it was before the four new fields: sm_active over the whole interval, and
+    none of the profiling figures computed. Their columns are written as constants (0, NULL):
+    the table still has them (NOT NULL without a database default), and a constant costs the
+    statement next to nothing, so the difference measured is the figures' computation."""
+    import telemetry.rollup
+
+    # The statements' column lists are filled in from these two module names (and cached).
+    rollup: Any = telemetry.rollup
+    saved = rollup.USAGE_SUMS, rollup.HOURLY_STATS
+    sums = []
+    for c in saved[0]:
+        if c.name in PROFILING_SUMS:
+            c = RollupColumn(c.name, "0", integer=c.integer)
+        elif c.name == "sm_active_s":
+            c = RollupColumn(c.name, "COALESCE(sum(sm_active * d), 0)")
+        elif c.name == "sm_observed_s":
+            c = RollupColumn(c.name, "sum(CASE WHEN sm_active IS NOT NULL THEN d ELSE 0 END)")
+        sums.append(c)
+    stats = tuple(
+        RollupColumn(c.name, "CAST(NULL AS float8)") if c.name in PROFILING_STATS else c
+        for c in saved[1]
+    )
+    rollup.USAGE_SUMS, rollup.HOURLY_STATS = tuple(sums), stats
+    rollup._column_lists.cache_clear()
+    rollup._sql.cache_clear()
+    try:
+        yield
+    finally:
+        rollup.USAGE_SUMS, rollup.HOURLY_STATS = saved
+        rollup._column_lists.cache_clear()
+        rollup._sql.cache_clear()
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -294,6 +375,21 @@ def main() -> None:
             first_times.append(first_s)
             rerun_times.append(timed(rollup)[0])
             ref_rerun_times.append(timed(reference)[0])
+        # The profiling figures' share: the first run with and without them, alternating
+        # (the same samples, the four new fields present on a third of the GPUs).
+        with_times, without_times = [], []
+        for round_no in range(args.rounds):
+            for variant in ("with", "without") if round_no % 2 == 0 else ("without", "with"):
+                empty_targets()
+                if variant == "with":
+                    with_times.append(timed(rollup)[0])
+                else:
+                    with without_profiling():
+                        without_times.append(timed(rollup)[0])
+        # The checksums below are of the production rollup: roll the day once more with it.
+        empty_targets()
+        rollup()
+        reference()
         ref_s, first_s = min(ref_times), min(first_times)
         rerun_s, ref_rerun_s = min(rerun_times), min(ref_rerun_times)
         sums = {}
@@ -320,11 +416,16 @@ def main() -> None:
     print(f"checksum reference {sums[REF_TABLE][1]}  rollup {sums['telemetry_hourlyusage'][1]}")
     print(f"checksum equal: {same}")
     print(f"daily rows: {daily[0]:,}, checksum {daily[1]}")
+    with_s, without_s = min(with_times), min(without_times)
+    print(f"rollup_run with the profiling figures:    {with_s:6.2f} s")
+    print(f"rollup_run without the profiling figures: {without_s:6.2f} s")
     speed = ref_s / first_s
     rerun_ratio = rerun_s / first_s
+    profiling_ratio = with_s / without_s
     print(f"ratio rollup speed / reference: {speed:.2f} (goal >= 0.70)")
     print(f"ratio re-run / first run:       {rerun_ratio:.2f} (goal <= 1.50)")
-    if not same or speed < 0.7 or rerun_ratio > 1.5:
+    print(f"ratio with / without profiling: {profiling_ratio:.2f} (goal <= 1.15)")
+    if not same or speed < 0.7 or rerun_ratio > 1.5 or profiling_ratio > 1.15:
         sys.exit(1)
 
 

@@ -32,6 +32,9 @@ IDLE_ENERGY = "#e7a3cc"
 CO2E = "#57606a"
 TEMPERATURE = "#953800"
 THROTTLED = "#6639ba"
+WORK = "#0a3069"  # the SMs really working (profiling data): a deep shade of the air's colour
+TENSOR = "#6cb6ff"  # tensor cores working: a light shade of it
+DRAM = "#5a6d00"  # memory bandwidth used
 INK = "#1b1f24"  # text
 GRID = "#eaeef2"
 HEAT = ("#f6f8fa", "#dbe9ff", "#79b0ff", "#1f6feb", "#0a2f6b")  # 0 % … 100 % utilisation
@@ -54,6 +57,9 @@ DARK = {
     CO2E: "#9198a1",
     TEMPERATURE: "#f0883e",
     THROTTLED: "#8957e5",
+    WORK: "#cae8ff",
+    TENSOR: "#1f5fa8",
+    DRAM: "#a8c23a",
     HEAT[0]: "#1c2128",
     HEAT[1]: "#12305f",
     HEAT[2]: "#1f5fc4",
@@ -329,6 +335,57 @@ def cost_per_air_hour_trend(
     return _mark_partial(fig, x, partial_day)
 
 
+def _per_profiled_day(hours: float | None, row: CostRow) -> float | None:
+    """Hours of one kind among the hours with profiling data, per 24 of them: hours per GPU
+    per day on the GPUs (and hours) that were profiled."""
+    if hours is None or not row.profiled_hours:
+        return None
+    return round(hours / (row.profiled_hours / 24), 3)
+
+
+def busy_vs_working_trend(
+    rows: Sequence[CostRow], *, partial_day: dt.date | None = None
+) -> Figure | None:
+    """Per day, on the hours with profiling data (docs/metrics.md, "Work"): the hours a
+    kernel ran (in the air), the hours the SMs really worked, and the hours the tensor cores
+    did, each per GPU per day. ``None`` where no day has profiling data (the page says so)."""
+    if not any(r.profiled_hours for r in rows):
+        return None
+    x = _days(rows)
+
+    def bars(values: list[float | None], name: str, color: str) -> dict[str, Any]:
+        return {
+            "type": "bar",
+            "x": x,
+            "y": values,
+            "name": name,
+            "marker": {"color": color},
+            "hovertemplate": "%{y:.1f} h<extra>" + name + "</extra>",
+        }
+
+    air = [
+        _per_profiled_day(
+            None if r.work_hours is None else r.work_hours + (r.busy_not_working_hours or 0), r
+        )
+        for r in rows
+    ]
+    fig = {
+        "data": [
+            bars(air, "Kernel running (in the air)", AIR),
+            bars([_per_profiled_day(r.work_hours, r) for r in rows], "SMs working", WORK),
+            bars(
+                [_per_profiled_day(r.tensor_hours, r) for r in rows], "Tensor cores working", TENSOR
+            ),
+        ],
+        "layout": _layout(
+            barmode="group",
+            bargap=0.2,
+            yaxis={"title": {"text": "hours / GPU / day"}, "range": [0, 24], "dtick": 6},
+        ),
+    }
+    return _mark_partial(fig, x, partial_day)
+
+
 def energy_trend(rows: Sequence[CostRow], *, partial_day: dt.date | None = None) -> Figure:
     x = _days(rows)
     fig = {
@@ -560,6 +617,40 @@ def gpu_timeseries(
             line(throttled_pct, "Throttled", THROTTLED, "y4", "%", kind="bar"),
         ],
         "layout": layout,
+    }
+
+
+def gpu_activity(
+    *,
+    x: list[str],
+    kernel_pct: list[float | None],
+    sm_pct: list[float | None],
+    tensor_pct: list[float | None],
+    dram_pct: list[float | None],
+) -> Figure:
+    """One GPU per hour: the share of time a kernel ran (NVML utilisation) against what the
+    SMs, the tensor cores and the memory bandwidth really did (profiling data)."""
+
+    def line(y: list[float | None], name: str, color: str, dash: str = "solid") -> dict[str, Any]:
+        return {
+            "type": "scatter",
+            "mode": "lines",
+            "x": x,
+            "y": y,
+            "name": name,
+            "line": {"color": color, "width": 1.8, "dash": dash},
+            "connectgaps": False,
+            "hovertemplate": "%{y:.1f} %<extra>" + name + "</extra>",
+        }
+
+    return {
+        "data": [
+            line(kernel_pct, "Kernel running (utilisation)", AIR, "dot"),
+            line(sm_pct, "SMs active", WORK),
+            line(tensor_pct, "Tensor cores active", TENSOR),
+            line(dram_pct, "Memory bandwidth used", DRAM),
+        ],
+        "layout": _layout(yaxis={"title": {"text": "% of the hour"}, "range": [0, 100]}),
     }
 
 

@@ -288,6 +288,15 @@ def cost_per_air_hour(*, total_cost: Decimal, air_hours: Number) -> Decimal | No
     return total_cost / air if air > 0 else None
 
 
+def cost_per_work_hour(*, profiled_cost: Decimal, work_hours: Number) -> Decimal | None:
+    """What one hour of the SMs really working cost: the total cost of the GPU-hours that
+    carry profiling data (``sm_active``) / their work hours (docs/metrics.md, "Work");
+    ``None`` without work hours. GPU-hours without profiling data count in neither part, so a
+    fleet measured in part is not charged its unmeasured hours."""
+    work = to_decimal(work_hours)
+    return profiled_cost / work if work > 0 else None
+
+
 def co2e_kg(*, energy_kwh: Number, pue: Number, grid_g_per_kwh: Number) -> float:
     """``kWh × PUE × grid g/kWh / 1000``, for owned and rented GPUs alike."""
     grams = to_decimal(energy_kwh) * to_decimal(pue) * to_decimal(grid_g_per_kwh)
@@ -307,6 +316,14 @@ def hours_in_air_per_day(*, air_hours: Number, capacity_hours: Number) -> float 
     if capacity <= 0:
         return None
     return float(to_decimal(air_hours) / (capacity / HOURS_PER_DAY))
+
+
+def activity_share(*, active_seconds: Number, measured_seconds: Number) -> float | None:
+    """Σ activity × prof_s / Σ prof_s: work utilisation (``sm_active``) and tensor
+    utilisation (``tensor_active``) of docs/metrics.md, "Work"; ``None`` (never 0) without
+    measured seconds."""
+    measured = to_decimal(measured_seconds)
+    return float(to_decimal(active_seconds) / measured) if measured > 0 else None
 
 
 def energy_per_gpu_hour_kwh(*, energy_kwh: Number, observed_hours: Number) -> float | None:

@@ -225,6 +225,7 @@ def gpu_cost_profile(gpu: Gpu) -> CostProfile | None:
 SORTS = {
     # key: (label, attribute path on the board row, worst-first direction)
     "util": ("Utilisation", "utilization", "asc"),
+    "work": ("Work utilisation", "work_utilization", "asc"),
     "air": ("Hours in the air / day", "hours_in_air_per_day", "asc"),
     "idle_cost": ("Idle cost", "idle_cost", "desc"),
     "offline": ("Offline hours", "offline_hours", "desc"),

@@ -230,6 +230,21 @@ def headlines(row: selectors.CostRow, prev: selectors.CostRow) -> list[Headline]
     ]
 
 
+def work_line(row: selectors.CostRow) -> str:
+    """The week's real work in one line (docs/metrics.md, "Work"): how much of the profiled
+    time the SMs worked and what an hour of it cost, or that no GPU sent profiling data."""
+    if row.work_utilization is None or row.work_hours is None:
+        return (
+            "Real work: no profiling data (no GPU reports SM activity through NVML GPM or "
+            "dcgm-exporter)."
+        )
+    return (
+        f"Real work: the SMs worked {pct(row.work_utilization)} of the "
+        f"{row.profiled_hours:,.1f} GPU-hours profiled ({row.work_hours:,.1f} work hours); "
+        f"cost per work hour {money(row.cost_per_work_hour, row.currency)}."
+    )
+
+
 def _hours(value: float | None) -> str:
     return MISSING if value is None else f"{value:.1f} h"
 
@@ -303,6 +318,7 @@ class WeeklyReportData:
     offline: list[OfflineGpu]
     trend: list[selectors.CostRow]  # daily fleet rows for the trend chart
     breakeven_assumptions: str = ""
+    work: str = ""  # work_line of the week
     dashboard_url: str = ""
     subscription_url: str = ""
     subject: str = ""
@@ -454,6 +470,7 @@ def weekly_report_build(*, week_start: dt.date, now: dt.datetime | None = None) 
         offline=_offline(gpu_rows, now=now, zone=zone),
         trend=trend,
         breakeven_assumptions=assumptions,
+        work=work_line(row),
         dashboard_url=settings.SITE_URL + reverse("overview"),
         subscription_url=settings.SITE_URL + reverse("weekly-report-subscription"),
     )

@@ -22,6 +22,7 @@ from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 from django.utils import timezone
 
 from billing import charts, selectors
+from billing import cost_model as cm
 from billing.dashboard import (
     FILTER_KEYS,
     MONEY_SORTS,
@@ -119,6 +120,48 @@ def _throttled_card(row: selectors.CostRow, *, unit: str) -> dict[str, Any]:
         unit=unit,
         ident="kpi-throttled",
     )
+
+
+# What a page says where no GPU of the selection sent profiling data (SM activity from NVML
+# GPM or dcgm-exporter): never a 0, which would read as "the SMs did nothing".
+NO_PROFILING = "no profiling data"
+
+
+def _work_card(row: selectors.CostRow, *, costs: bool, currency: str) -> dict[str, Any]:
+    """Cost per work hour (finance) or work utilisation (everyone else): what the SMs really
+    did, from profiling data; "no profiling data" where no GPU of the selection has any."""
+    if row.work_utilization is None:
+        label = "Cost per work hour" if costs else "Work utilisation"
+        ident = "kpi-cost-per-work-hour" if costs else "kpi-work-utilization"
+        return _card(
+            label,
+            NO_PROFILING,
+            "no SM activity reported here (NVML GPM or dcgm-exporter)",
+            ident=ident,
+        )
+    worked = f"SMs worked {pct(row.work_utilization)} of the time profiled"
+    if not costs:
+        return _card(
+            "Work utilisation",
+            pct(row.work_utilization),
+            "work hours / hours profiled",
+            accent="air",
+            status=worked,
+            ident="kpi-work-utilization",
+        )
+    return _money_card(
+        "Cost per work hour",
+        row.cost_per_work_hour,
+        currency,
+        "cost of the profiled GPU-hours / their work hours",
+        status=worked,
+        ident="kpi-cost-per-work-hour",
+    )
+
+
+def _work_text(row: selectors.CostRow) -> str:
+    """A row's work utilisation as a table shows it, or that it has no profiling data."""
+    return NO_PROFILING if row.work_utilization is None else pct(row.work_utilization)
 
 
 def _target_status(utilization: float | None, target: float) -> tuple[str, bool | None]:
@@ -235,6 +278,10 @@ def overview(request: HttpRequest) -> HttpResponse:
                 ident="kpi-recoverable-money",
             ),
         ]
+    # Beside the cost per air hour (finance), else beside the hours in the air.
+    beside = "kpi-cost-per-air-hour" if costs else "kpi-air-hours"
+    at = next(i for i, c in enumerate(cards) if c["id"] == beside)
+    cards.insert(at + 1, _work_card(row, costs=costs, currency=cur))
     figures: dict[str, Any] = {}
     if has_data:
         today = flt.partial_day
@@ -249,6 +296,9 @@ def overview(request: HttpRequest) -> HttpResponse:
             "chart-throttled": charts.throttled_trend(daily, partial_day=today),
             "chart-energy": charts.energy_trend(daily, partial_day=today),
         }
+        working = charts.busy_vs_working_trend(daily, partial_day=today)
+        if working is not None:
+            figures["chart-busy-working"] = working
         if costs:
             figures["chart-cost"] = charts.cost_trend(daily, currency=cur, partial_day=today)
             figures["chart-cost-per-air-hour"] = charts.cost_per_air_hour_trend(
@@ -349,6 +399,7 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
                 "model": found[0] if found else "",
                 "node": found[1] if found else "",
                 "utilization": r.utilization,
+                "work_utilization": r.work_utilization,
                 "hours_in_air_per_day": r.hours_in_air_per_day,
                 "idle_cost": r.idle_cost if costs else None,
                 "offline_hours": r.offline_hours,
@@ -373,6 +424,7 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
     for b in shown:  # the text of the rows drawn only
         r = b.pop("row")
         b["utilization_text"] = pct(r.utilization)
+        b["work_text"] = _work_text(r)
         b["air_text"] = num(r.hours_in_air_per_day)
         b["idle_cost_text"] = money(r.idle_cost) if costs else ""
         b["throttled_text"] = num(r.throttled_hours)
@@ -560,6 +612,38 @@ def _hourly_points(series: Any) -> dict[str, Any]:
     return {"x": x, "util_pct": util, "power_w": power, "temp_c": temp, "throttled_pct": throttled}
 
 
+def _activity_points(series: list[Any]) -> dict[str, Any] | None:
+    """Per hour: the share of time a kernel ran, and what the SMs, the tensor cores and the
+    memory bandwidth really did over the seconds profiled (docs/metrics.md, "Work"); ``None``
+    where no hour has profiling data (the page says so)."""
+    x: list[str] = []
+    kernel: list[float | None] = []
+    sm: list[float | None] = []
+    tensor: list[float | None] = []
+    dram: list[float | None] = []
+    for item in series:
+        hour = _series_value(item, "hour")
+        x.append(hour.isoformat() if hasattr(hour, "isoformat") else str(hour))
+        air = _series_value(item, "air_s")
+        kernel.append(round(air / 36, 1) if air is not None else None)
+        shares = (
+            cm.activity_share(
+                active_seconds=_series_value(item, "sm_active_s") or 0,
+                measured_seconds=_series_value(item, "sm_observed_s") or 0,
+            ),
+            cm.activity_share(
+                active_seconds=_series_value(item, "tensor_active_s") or 0,
+                measured_seconds=_series_value(item, "tensor_observed_s") or 0,
+            ),
+            _series_value(item, "dram_active_mean"),
+        )
+        for values, share in zip((sm, tensor, dram), shares, strict=True):
+            values.append(None if share is None else round(share * 100, 1))
+    if not any(v is not None for v in (*sm, *tensor, *dram)):
+        return None
+    return {"x": x, "kernel_pct": kernel, "sm_pct": sm, "tensor_pct": tensor, "dram_pct": dram}
+
+
 def _recent_points(samples: Any) -> dict[str, Any]:
     x, util, power, temp, throttled = [], [], [], [], []
     for s in samples:
@@ -609,9 +693,13 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
         waiting.append("telemetry.selectors")
     else:
         start, end = range_bounds(flt)
-        hourly = _hourly_points(gpu_hourly_series(gpu_id=gpu.pk, start=start, end=end))
+        series = list(gpu_hourly_series(gpu_id=gpu.pk, start=start, end=end))
+        hourly = _hourly_points(series)
         if hourly["x"]:
             figures["chart-gpu-hourly"] = charts.gpu_timeseries(**hourly)
+        activity = _activity_points(series)
+        if activity is not None:
+            figures["chart-gpu-activity"] = charts.gpu_activity(**activity)
         since = timezone.now() - dt.timedelta(hours=RECENT_HOURS)
         recent = _recent_points(gpu_recent_samples(gpu_id=gpu.pk, since=since))
         if recent["x"]:
@@ -659,6 +747,7 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
                     ident="kpi-cost-per-air-hour",
                 ),
             ]
+        cards.append(_work_card(row, costs=costs, currency=flt.currency))
     node = gpu.node
     site = node.effective_site
     return render(
@@ -683,6 +772,7 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
             waiting=waiting,
             recent_hours=RECENT_HOURS,
             has_hourly="chart-gpu-hourly" in figures,
+            has_activity="chart-gpu-activity" in figures,
             has_recent="chart-gpu-recent" in figures,
         ),
     )
@@ -732,6 +822,8 @@ def _group_table(rows: list[selectors.CostRow], costs: bool, cur: str) -> list[d
             "key": r.key,
             "gpus": r.gpu_count,
             "utilization": pct(r.utilization),
+            "work_utilization": _work_text(r),
+            "profiled": r.work_utilization is not None,
             "air": num(r.hours_in_air_per_day),
             "capacity": num(r.capacity_hours, 0),
             "air_hours": num(r.air_hours, 0),

@@ -88,7 +88,13 @@ COST_COLUMNS: tuple[str, ...] = (
     "throttled_thermal_hours",
     "throttled_hw_slowdown_hours",
     "throttled_other_hours",
+    "profiled_hours",
+    "work_hours",
+    "busy_not_working_hours",
     "work_utilization",
+    "tensor_hours",
+    "tensor_utilization",
+    "cost_per_work_hour",
 )
 # Cells that carry names people typed (GPU, team, pool… names): escaped in CSV.
 COST_TEXT_COLUMNS = frozenset({"key", "name", "currency"})
@@ -111,9 +117,21 @@ _FLOAT_FIELDS = (
     "throttled_thermal_hours",
     "throttled_hw_slowdown_hours",
     "throttled_other_hours",
+    "profiled_hours",
+    "work_hours",
+    "busy_not_working_hours",
     "work_utilization",
+    "tensor_hours",
+    "tensor_utilization",
 )
-_MONEY_FIELDS = ("fixed_cost", "energy_cost", "total_cost", "idle_cost", "cost_per_air_hour")
+_MONEY_FIELDS = (
+    "fixed_cost",
+    "energy_cost",
+    "total_cost",
+    "idle_cost",
+    "cost_per_air_hour",
+    "cost_per_work_hour",
+)
 
 
 def cost_row_data(row: CostRow, *, zone: ZoneInfo) -> dict[str, Any]:
@@ -255,7 +273,33 @@ class CostRowSerializer(serializers.Serializer[Any]):
     throttled_thermal_hours = serializers.FloatField()
     throttled_hw_slowdown_hours = serializers.FloatField()
     throttled_other_hours = serializers.FloatField()
-    work_utilization = serializers.FloatField(allow_null=True)
+    profiled_hours = serializers.FloatField(
+        help_text="Hours covered by profiling data (Σ prof_s of samples with sm_active); 0 without"
+    )
+    work_hours = serializers.FloatField(
+        allow_null=True,
+        help_text="Σ sm_active × prof_s / 3600: hours the SMs really worked; null without data",
+    )
+    busy_not_working_hours = serializers.FloatField(
+        allow_null=True,
+        help_text="Air hours of the samples with sm_active − work hours, ≥ 0; null without data",
+    )
+    work_utilization = serializers.FloatField(
+        allow_null=True, help_text="work hours / profiled hours, 0–1; null without data"
+    )
+    tensor_hours = serializers.FloatField(
+        allow_null=True, help_text="Σ tensor_active × prof_s / 3600; null without data"
+    )
+    tensor_utilization = serializers.FloatField(
+        allow_null=True,
+        help_text="tensor hours / Σ prof_s of samples with tensor_active, 0–1; null without data",
+    )
+    cost_per_work_hour = serializers.DecimalField(
+        max_digits=20,
+        decimal_places=2,
+        allow_null=True,
+        help_text="Total cost of the GPU-hours with sm_active / their work hours; null without",
+    )
 
 
 class CostPageSerializer(serializers.Serializer[Any]):

@@ -86,6 +86,19 @@ def _accumulate(acc: _Acc, segment: _Segment, names: _Names) -> None:
     acc.co2e_kg += cm.co2e_kg(
         energy_kwh=energy_kwh, pue=site.pue, grid_g_per_kwh=site.grid_g_per_kwh
     )
+    profiled_hours = sums["sm_hours"]
+    if profiled_hours:
+        # The GPU-hours with profiling data, at their rate and with their energy: the part of
+        # the cost that cost per work hour divides (docs/metrics.md, "Work"). Only segments
+        # with such hours pay for the calls.
+        acc.profiled_cost += cm.fixed_cost_at_rate(
+            fixed_rate_per_hour=rate, capacity_hours=profiled_hours
+        ) + cm.energy_cost(
+            kind=kind,
+            energy_kwh=cm.kwh_from_joules(energy_j=sums["sm_hours_energy_j"]),
+            pue=site.pue,
+            price_per_kwh=site.price_per_kwh,
+        )
     if terms is None or site.name is None:
         acc.priced = False
     if gpu.max_power_w is not None and gpu.idle_power_w is not None:
@@ -112,6 +125,9 @@ def _cost_row(
     air_h = cm.hours_from_seconds(seconds=s["air_s"])
     observed_h = cm.hours_from_seconds(seconds=s["observed_s"])
     total = cm.total_cost(fixed_cost=acc.fixed_cost, energy_cost=acc.energy_cost)
+    # Work figures only where some sample carried sm_active: None, never 0, otherwise.
+    profiled_s = s["sm_observed_s"]
+    work_h = cm.hours_from_seconds(seconds=s["sm_active_s"]) if profiled_s > 0 else None
     return CostRow(
         key=key,
         name=name,
@@ -145,8 +161,24 @@ def _cost_row(
         throttled_thermal_hours=_hours(s["throttle_thermal_s"]),
         throttled_hw_slowdown_hours=_hours(s["throttle_hw_slowdown_s"]),
         throttled_other_hours=_hours(s["throttle_other_s"]),
-        work_utilization=(
-            s["sm_active_s"] / s["sm_observed_s"] if s["sm_observed_s"] > 0 else None
+        profiled_hours=_hours(profiled_s),
+        work_hours=float(work_h) if work_h is not None else None,
+        busy_not_working_hours=(
+            float(max(Decimal(0), cm.hours_from_seconds(seconds=s["sm_air_s"]) - work_h))
+            if work_h is not None
+            else None
+        ),
+        work_utilization=cm.activity_share(
+            active_seconds=s["sm_active_s"], measured_seconds=profiled_s
+        ),
+        tensor_hours=_hours(s["tensor_active_s"]) if s["tensor_observed_s"] > 0 else None,
+        tensor_utilization=cm.activity_share(
+            active_seconds=s["tensor_active_s"], measured_seconds=s["tensor_observed_s"]
+        ),
+        cost_per_work_hour=(
+            cm.cost_per_work_hour(profiled_cost=acc.profiled_cost, work_hours=work_h)
+            if work_h is not None
+            else None
         ),
         priced=acc.priced,
         currency=currency,

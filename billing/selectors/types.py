@@ -68,7 +68,15 @@ class CostRow:
     throttled_thermal_hours: float
     throttled_hw_slowdown_hours: float
     throttled_other_hours: float
-    work_utilization: float | None
+    # What the SMs really did, from profiling data (docs/metrics.md, "Work"); each None (never
+    # 0) where no sample of the row carries it.
+    profiled_hours: float  # Σ prof_s of the samples with sm_active / 3600; 0 without
+    work_hours: float | None  # Σ sm_active × prof_s / 3600
+    busy_not_working_hours: float | None  # air hours of those samples − work hours
+    work_utilization: float | None  # work hours / profiled hours
+    tensor_hours: float | None
+    tensor_utilization: float | None
+    cost_per_work_hour: Decimal | None  # cost of the GPU-hours with sm_active / work hours
     priced: bool  # False when any GPU in the row has no cost profile or no site
     currency: str
     nominal_rate_per_hour: Decimal  # capacity-weighted mean fixed rate
@@ -159,6 +167,7 @@ class _Acc:
     fixed_cost: Decimal = Decimal(0)
     energy_cost: Decimal = Decimal(0)
     idle_cost: Decimal = Decimal(0)
+    profiled_cost: Decimal = Decimal(0)  # total cost of the GPU-hours with sm_active
     co2e_kg: float = 0.0
     priced: bool = True
     nominal_max_w_h: float = 0.0  # Σ nominal power × capacity hours, for break-even fallbacks

@@ -244,6 +244,33 @@ def worked_example(fleet: FleetBuilder) -> Any:
     return gpu
 
 
+@pytest.fixture
+def profiled_example(worked_example: Any) -> Any:
+    """The worked example's GPU with profiling data (NVML GPM or dcgm-exporter) in each of its
+    20 observed hours, 3,600 s profiled per hour (docs/metrics.md, "Work"):
+      hours 00–09 (90 % util): SM active 0.30, tensor active 0.15 → 1,080 work s and 540
+                   tensor s per hour, 3,240 air s of samples with sm_active;
+      hours 10–19 (0 % util): SM and tensor active 0.
+    Sums: work 10,800 s = 3.0 h; tensor 5,400 s = 1.5 h; profiled 72,000 s = 20 h; air of the
+    profiled samples 9.0 h; 20 GPU-hours with data, their energy all of the day's 4.95 kWh.
+    """
+    from django.db.models import F
+
+    from telemetry.models import HourlyUsage
+
+    rows = HourlyUsage.objects.filter(gpu=worked_example)
+    rows.update(
+        sm_observed_s=3600,
+        tensor_observed_s=3600,
+        sm_hours=1,
+        sm_hours_energy_j=F("energy_j"),
+    )
+    rows.filter(hour__lt=at("2026-03-02T10")).update(
+        sm_active_s=1080, sm_air_s=F("air_s"), tensor_active_s=540
+    )
+    return worked_example
+
+
 @pytest.fixture(autouse=True)
 def _report_chart_cache(monkeypatch: Any) -> Any:
     """Each test starts with no rendered report chart: report_chart caches PNGs under their

@@ -92,7 +92,7 @@ def test_every_card_says_its_period_and_the_shortcuts_keep_the_filters(role_clie
     first = day0()
     label = period_label(first, first + dt.timedelta(days=DAYS - 1))
     cards = re.findall(r'<article class="card kpi.*?</article>', html, re.S)
-    assert len(cards) == 11
+    assert len(cards) == 12  # with the cost per work hour
     periods = [re.search(r'<p class="period">([^<]*)</p>', c) for c in cards]
     offline_card = next(c for c in cards if 'id="kpi-offline"' in c)
     assert all(

@@ -97,9 +97,17 @@ def awkward(fleet: FleetBuilder) -> dict[str, Any]:
                 "idle_s": observed if u < 0.1 else 0.0,
                 "throttle_any_s": 60.0 * (k % 2),
                 "throttle_power_cap_s": 60.0 * (k % 2),
-                "sm_active_s": observed * u * 0.8 if k == 0 else 0.0,
-                "sm_observed_s": observed if k == 0 else 0.0,
             }
+            if k in (0, 1):  # profiling data (docs/metrics.md, "Work"), one with a rate change
+                values.update(
+                    sm_active_s=observed * u * 0.8,
+                    sm_observed_s=observed,
+                    sm_air_s=observed * u,
+                    tensor_active_s=observed * u * 0.3 if k == 0 else 0.0,
+                    tensor_observed_s=observed if k == 0 else 0.0,
+                    sm_hours=1,
+                    sm_hours_energy_j=values["energy_j"],
+                )
             if name == "mover" and hour >= at("2026-03-05T11"):
                 values.update(node=n1, pool=train, site=fra, team=research)
             rows.append(fleet.usage(gpu, hour, **values))

@@ -56,6 +56,10 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any, open_pa
     assert _charts_drawn(page) >= 6
     whole = _kpi(page, "kpi-utilization")
     assert re.fullmatch(r"\d+\.\d %", whole)
+    # The demo's H100s send profiling data: what an hour of real SM work cost, and busy vs
+    # working per day, drawn.
+    assert re.fullmatch(r"[\d,]+\.\d\d USD", _kpi(page, "kpi-cost-per-work-hour"))
+    assert page.locator("#chart-busy-working-plot .main-svg").count() >= 1
     _shot(page, "overview")
 
     # A filter changes the figures and is kept in the URL and the menu's links.
@@ -63,6 +67,13 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any, open_pa
     page.wait_for_url(re.compile(r".*pool=chat-inference.*"))
     _charts_drawn(page)
     assert _kpi(page, "kpi-utilization") != whole
+    # Its H200s send none: the page says so instead of a 0.
+    assert _kpi(page, "kpi-cost-per-work-hour") == "no profiling data"
+    assert (
+        page.locator("[data-chart=chart-busy-working] .nodata")
+        .inner_text()
+        .startswith("No profiling data")
+    )
     assert "pool=chat-inference" in (page.get_attribute("nav a[href^='/fleet/']", "href") or "")
 
     page.goto(f"{base}/fleet/?from={today - dt.timedelta(days=13)}&to={today}")
