@@ -35,7 +35,7 @@ from billing.dashboard import (
 from billing.formatting import money, money_exact, money_shown, num, pct
 from billing.forms import BreakevenForm
 from fleet.models import Gpu
-from fleet.selectors import gpus_with_attribution
+from fleet.selectors import gpus_with_attribution, team_cost_centers
 
 RECENT_HOURS = 6  # raw samples shown on a GPU's page: recent enough to still be in the raw table
 
@@ -725,11 +725,19 @@ def _offline_since(gpu: Gpu, flt: DashboardFilters) -> dict[str, Any] | None:
     }
 
 
-def _group_table(rows: list[selectors.CostRow], costs: bool, cur: str) -> list[dict[str, Any]]:
+def _group_table(
+    rows: list[selectors.CostRow],
+    costs: bool,
+    cur: str,
+    *,
+    cost_centers: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """The Teams or Pools table's rows; teams name their cost centre (``cost_centers``)."""
     return [
         {
             "name": r.name,
             "key": r.key,
+            "cost_center": (cost_centers or {}).get(r.key, ""),
             "gpus": r.gpu_count,
             "utilization": pct(r.utilization),
             "air": num(r.hours_in_air_per_day),
@@ -788,7 +796,7 @@ def chargeback(request: HttpRequest) -> HttpResponse:
             flt,
             "chargeback",
             figures=figures,
-            teams=_group_table(groups["team"], costs, cur),
+            teams=_group_table(groups["team"], costs, cur, cost_centers=team_cost_centers()),
             pools=_group_table(groups["pool"], costs, cur),
             csv_team=f"/api/v1/costs?group_by=team&start={api_start}&end={api_end}&format=csv",
             csv_pool=f"/api/v1/costs?group_by=pool&start={api_start}&end={api_end}&format=csv",

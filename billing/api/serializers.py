@@ -90,8 +90,10 @@ COST_COLUMNS: tuple[str, ...] = (
     "throttled_other_hours",
     "work_utilization",
 )
+# Grouped by team, a row also names the team's cost centre, after its name (chargeback).
+TEAM_COST_COLUMNS: tuple[str, ...] = (*COST_COLUMNS[:2], "cost_center", *COST_COLUMNS[2:])
 # Cells that carry names people typed (GPU, team, pool… names): escaped in CSV.
-COST_TEXT_COLUMNS = frozenset({"key", "name", "currency"})
+COST_TEXT_COLUMNS = frozenset({"key", "name", "cost_center", "currency"})
 _FLOAT_FIELDS = (
     "capacity_hours",
     "observed_hours",
@@ -116,8 +118,17 @@ _FLOAT_FIELDS = (
 _MONEY_FIELDS = ("fixed_cost", "energy_cost", "total_cost", "idle_cost", "cost_per_air_hour")
 
 
-def cost_row_data(row: CostRow, *, zone: ZoneInfo) -> dict[str, Any]:
-    """One selector row as the API shows it (JSON) and exports it (CSV)."""
+def cost_columns(group_by: str) -> tuple[str, ...]:
+    """The columns of a cost row, in order, for rows grouped by ``group_by``."""
+    return TEAM_COST_COLUMNS if group_by == "team" else COST_COLUMNS
+
+
+def cost_row_data(
+    row: CostRow, *, zone: ZoneInfo, cost_centers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One selector row as the API shows it (JSON) and exports it (CSV). With
+    ``cost_centers`` (team name → cost centre) the row is a team's and names its cost centre
+    ("" for a team without one and for the row of GPUs without a team)."""
     data: dict[str, Any] = {
         "key": row.key,
         "name": row.name,
@@ -131,7 +142,10 @@ def cost_row_data(row: CostRow, *, zone: ZoneInfo) -> dict[str, Any]:
         data[name] = num(getattr(row, name))
     for name in _MONEY_FIELDS:
         data[name] = money_str(getattr(row, name))
-    return {column: data[column] for column in COST_COLUMNS}
+    if cost_centers is None:
+        return {column: data[column] for column in COST_COLUMNS}
+    data["cost_center"] = cost_centers.get(row.key, "")
+    return {column: data[column] for column in TEAM_COST_COLUMNS}
 
 
 class CommaListField(serializers.ListField):
@@ -227,6 +241,11 @@ class CostRowSerializer(serializers.Serializer[Any]):
 
     key = serializers.CharField(help_text="GPU UUID, hostname, or pool/team/site/model name")
     name = serializers.CharField()
+    cost_center = serializers.CharField(
+        required=False,
+        help_text="group_by=team only: the team's cost centre as the fleet file sets it now "
+        '("" where none)',
+    )
     period_start = serializers.DateTimeField(help_text="ISO 8601 with offset; clipped to query")
     period_end = serializers.DateTimeField()
     gpu_count = serializers.IntegerField()

@@ -24,7 +24,6 @@ from billing import selectors
 from billing.api.csv import CsvRenderer, csv_stream
 from billing.api.filters import CostProfileFilterSet
 from billing.api.serializers import (
-    COST_COLUMNS,
     COST_TEXT_COLUMNS,
     BreakevenQuerySerializer,
     BreakevenSerializer,
@@ -32,6 +31,7 @@ from billing.api.serializers import (
     CostProfileSerializer,
     CostsQuerySerializer,
     breakeven_data,
+    cost_columns,
     cost_row_data,
 )
 from billing.models import CostProfile
@@ -39,6 +39,7 @@ from config.api import Pagination
 from fleet.api.views import ProtectedDeleteMixin
 from fleet.models import FleetSettings
 from fleet.permissions import CanViewCosts, CanViewCostsOrManageWrites
+from fleet.selectors import team_cost_centers
 
 _ERRORS = {
     400: OpenApiResponse(description="A bad parameter; the body names it"),
@@ -135,6 +136,7 @@ class CostsView(FinanceAPIView):
             "One row per group and period over [start, end) (dates in the report time zone). "
             "JSON is paginated (limit/offset; stable order: period_start, key). CSV "
             "(`format=csv` or `Accept: text/csv`) streams every row with the same columns. "
+            "Grouped by team, each row names the team's `cost_center` after its `name`. "
             "Money fields are decimal strings with two decimals, rounded half-up, in "
             "`currency`."
         ),
@@ -171,10 +173,12 @@ class CostsView(FinanceAPIView):
             period=params["period"],
             filters=filters,
         )
+        # Grouped by team, each row names its team's cost centre (chargeback).
+        centers = team_cost_centers() if params["group_by"] == "team" else None
         if request.accepted_renderer.format == "csv":
             lines = csv_stream(
-                (cost_row_data(row, zone=zone) for row in rows),
-                columns=COST_COLUMNS,
+                (cost_row_data(row, zone=zone, cost_centers=centers) for row in rows),
+                columns=cost_columns(params["group_by"]),
                 text_columns=COST_TEXT_COLUMNS,
             )
             response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
@@ -184,7 +188,9 @@ class CostsView(FinanceAPIView):
             response["Content-Disposition"] = f'attachment; filename="{filename}"'
             return response
         page = paginator.paginate_iterable(rows, request)
-        return paginator.get_paginated_response([cost_row_data(r, zone=zone) for r in page])
+        return paginator.get_paginated_response(
+            [cost_row_data(r, zone=zone, cost_centers=centers) for r in page]
+        )
 
 
 class BreakevenView(FinanceAPIView):
