@@ -252,6 +252,7 @@ class OwningInstead:
     rent_per_month: Decimal
     models: tuple[str, ...] = ()  # the GPU models priced
     gpus: int = 0  # the owned GPUs of those models the price comes from
+    curve: tuple[tuple[float, Decimal], ...] = ()  # owning's cost per Mtok, as ``cost_curve``
 
     @property
     def savings_per_month(self) -> Decimal:
@@ -307,4 +308,5 @@ def owning_instead(
         rent_per_month=month(rented).own_cost,
         models=models,
         gpus=gpus,
+        curve=tuple(cost_curve(economics=owned, tokens_per_s=tokens_per_s)),
     )

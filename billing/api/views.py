@@ -30,6 +30,7 @@ from billing.api.serializers import (
     CostPageSerializer,
     CostProfileSerializer,
     CostsQuerySerializer,
+    breakeven_arguments,
     breakeven_data,
     cost_columns,
     cost_row_data,
@@ -196,7 +197,8 @@ class CostsView(FinanceAPIView):
 class BreakevenView(FinanceAPIView):
     @extend_schema(
         operation_id="breakeven_retrieve",
-        summary="Break-even of owning a pool against an API price (and renting)",
+        summary="Break-even of owning a pool, or the whole fleet, against an API price (and "
+        "renting); a rented pool: renting against the API (and owning)",
         parameters=[BreakevenQuerySerializer],
         responses={
             200: BreakevenSerializer,
@@ -210,8 +212,9 @@ class BreakevenView(FinanceAPIView):
         query = BreakevenQuerySerializer(data=request.query_params, context={"today": today})
         query.is_valid(raise_exception=True)
         params = dict(query.validated_data)
+        workload = selectors.breakeven_workload(pool=params.get("pool"))
         try:
-            result = selectors.breakeven_compute(**params)
+            result = selectors.breakeven_compute(**breakeven_arguments(params, workload))
         except LookupError:
             return Response({"pool": [f"no pool named {params['pool']!r}"]}, status=404)
         except ValueError as exc:
