@@ -32,7 +32,7 @@ RENTED = "rented"
 # The product's break-even workload, in the fleet file's keys (``[breakeven]``): what the
 # page and the API use where neither the pool's table nor the fleet's names a key.
 PRODUCT_WORKLOAD: dict[str, Any] = {
-    "tokens_per_s_per_gpu": 2000.0,
+    "tokens_per_s_per_gpu": 2000,
     "api_input_price_per_mtok": Decimal("0.20"),
     "api_output_price_per_mtok": Decimal("0.80"),
     "output_share": 0.25,
