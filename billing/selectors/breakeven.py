@@ -120,7 +120,12 @@ def _owned_price(
         return None
     total_h = sum(models.values(), Decimal(0))
     fixed = sum(
-        (models[key] / total_h * acc.fixed_cost / acc.capacity_h for key, acc in by_model.items()),
+        (
+            models[key]
+            / total_h
+            * cm.mean_rate_per_hour(fixed_cost=acc.fixed_cost, capacity_hours=acc.capacity_h)
+            for key, acc in by_model.items()
+        ),
         Decimal(0),
     )
     pue, price = _energy_terms(owned, computation.names)
