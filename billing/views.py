@@ -806,12 +806,16 @@ def chargeback(request: HttpRequest) -> HttpResponse:
 
 
 def _breakeven_scope(result: selectors.BreakevenResult) -> str:
-    """Which view the page shows, in words: the fleet, an owned pool or a rented one."""
+    """Which view the page shows, in words: the fleet, an owned, rented or mixed pool."""
     gpus = f"{result.gpus} GPU{'' if result.gpus == 1 else 's'}"
     if result.pool is None:
+        if not result.gpus:
+            return "Whole fleet: no GPU that is not rented was in service in this period"
         return f"Whole fleet: all {gpus} not rented, as one pool"
     if result.comparison == be.RENTED:
         return f"Pool {result.pool} ({gpus}, rented)"
+    if result.owned_share < 1:
+        return f"Pool {result.pool} ({gpus}, {pct(result.owned_share)} of its capacity owned)"
     return f"Pool {result.pool} ({gpus}, owned)"
 
 

@@ -298,3 +298,22 @@ def test_weekly_email_says_renting_for_a_rented_pool(pools: Any) -> None:
     by_pool = {s.pool: (s.status, s.verdict, s.breakeven) for s in statuses}
     assert by_pool["burst"] == ("rent", "renting beats the API", "27.2 %")
     assert by_pool["inference"] == ("own", "owning pays off", "9.5 %")
+
+
+def test_page_names_a_mixed_pool_and_an_empty_fleet(pools: Any, finance: Any) -> None:
+    # GPU D, rented at 1.00/h, joins pool batch beside the owned GPU B for the same 24 hours:
+    # half of batch's capacity is owned, so it is compared as owned (energy scaled by 0.5).
+    from fleet.models import Pool
+
+    d = pools.gpu(
+        "GPU-d",
+        node=pools.node("gpu-d", pool=Pool.objects.get(name="batch")),
+        in_service_at=at("2026-03-02T00"),
+    )
+    pools.rented("gpu:GPU-d", rental_rate_per_hour="1.00")
+    pools.save([pools.usage(d, at(f"2026-03-02T{h:02d}"), observed_s=3600) for h in range(24)])
+    text = _text(_page(finance, pool="batch"))
+    assert "Pool batch (2 GPUs, 50.0 % of its capacity owned): owning against the API" in text
+    # A day before anything was in service: the whole fleet has no GPU to show.
+    empty = _text(_page(finance, **{"from": "2026-03-01", "to": "2026-03-01"}))
+    assert "Whole fleet: no GPU that is not rented was in service in this period" in empty
