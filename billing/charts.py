@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
+from billing import breakeven as be
 from billing.selectors import BreakevenResult, CostRow
 
 # Colours, each with one meaning on every page (static/css/app.css holds the same for the
@@ -768,6 +769,7 @@ def _own_against_line(
     unit: str,
     hover_format: str,
     height: int,
+    own_color: str = MONEY,
     **layout: Any,
 ) -> Figure:
     """Own cost against utilisation beside a flat alternative (an API price, a rental rate),
@@ -796,8 +798,8 @@ def _own_against_line(
                 "x": us,
                 "y": own,
                 "name": own_name,
-                "line": {"color": MONEY, "width": 2.5},
-                "hovertemplate": hover + "<extra>own</extra>",
+                "line": {"color": own_color, "width": 2.5},
+                "hovertemplate": hover + f"<extra>{own_name}</extra>",
             },
             {
                 "type": "scatter",
@@ -825,11 +827,14 @@ def _own_against_line(
 
 
 def breakeven_curve(result: BreakevenResult) -> Figure:
-    """Own cost per million tokens against utilisation, the API price, u* and today's u."""
-    return _own_against_line(
+    """Cost per million tokens against utilisation (owning, or renting for a rented pool),
+    the API price, u* and the measured u; a rented pool's owning-instead curve beside."""
+    rented = result.comparison == be.RENTED
+    figure = _own_against_line(
         result,
         own=[_num(c, 4) for _, c in result.curve],
-        own_name="Own GPUs",
+        own_name="Renting (this pool)" if rented else "Own GPUs",
+        own_color=RENT if rented else MONEY,
         line_y=float(result.api_price_per_mtok),
         line_name="API price",
         line_color=API,
@@ -840,21 +845,42 @@ def breakeven_curve(result: BreakevenResult) -> Figure:
         height=380,
         hovermode="x unified",
     )
+    instead = result.owning_instead
+    if rented and instead is not None:
+        curve = instead.curve
+        figure["data"].append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": [round(u * 100, 1) for u, _ in curve],
+                "y": [_num(c, 4) for _, c in curve],
+                "name": "Owning instead",
+                "line": {"color": MONEY, "width": 2, "dash": "dot"},
+                "hovertemplate": f"%{{y:,.3f}} {result.currency} / million tokens"
+                "<extra>owning instead</extra>",
+            }
+        )
+    return figure
 
 
 def breakeven_month(result: BreakevenResult) -> Figure:
-    """Money per month at today's utilisation: owning against the API."""
+    """Money per month at the measured utilisation: owning (or renting, for a rented pool)
+    against the API; a rented pool's owning instead beside, where known."""
+    rented = result.comparison == be.RENTED
+    bars = [
+        ("Renting" if rented else "Own GPUs", result.own_cost_per_month, RENT if rented else MONEY),
+        ("API", result.api_cost_per_month, API),
+    ]
+    if rented and result.owning_instead is not None:
+        bars.append(("Owning instead", result.owning_instead.cost_per_month, MONEY))
     return {
         "data": [
             {
                 "type": "bar",
-                "x": ["Own GPUs", "API"],
-                "y": [_num(result.own_cost_per_month, 2), _num(result.api_cost_per_month, 2)],
-                "marker": {"color": [MONEY, API]},
-                "text": [
-                    f"{float(result.own_cost_per_month):,.0f}",
-                    f"{float(result.api_cost_per_month):,.0f}",
-                ],
+                "x": [name for name, _, _ in bars],
+                "y": [_num(value, 2) for _, value, _ in bars],
+                "marker": {"color": [color for _, _, color in bars]},
+                "text": [f"{float(value):,.0f}" for _, value, _ in bars],
                 "textposition": "outside",
                 "hovertemplate": f"%{{y:,.2f}} {result.currency}<extra></extra>",
             },

@@ -8,8 +8,10 @@ from typing import Any
 
 from django import forms
 
+from billing import breakeven as be
+from billing.selectors import breakeven_workload
 from fleet.bounds import date_validator
-from fleet.models import FleetSettings, GpuModel, Pool, Site, Team
+from fleet.models import GpuModel, Pool, Site, Team
 
 # A fleet file's break-even workload (`[breakeven]`, `pools[].breakeven`): each key and the
 # field of BreakevenForm that it fills, and whose bounds it must meet (billing.services).
@@ -21,7 +23,9 @@ BREAKEVEN_KEYS = {
     "api_price_per_mtok": "api_price_per_mtok",  # blended: instead of the two prices
     "rental_rate_per_hour": "rental_rate_per_hour",
 }
-PRICE_KEYS = {"api_input_price_per_mtok", "api_output_price_per_mtok", "api_price_per_mtok"}
+PRICE_KEYS = be.PRICE_KEYS
+# The pool choice that means the whole fleet: every GPU that is not rented, as one pool.
+FLEET_CHOICE = ("", "Whole fleet (owned GPUs)")
 # The filter bar's period shortcuts (``?period=``), days of the report time zone
 # (billing.dashboard.preset_range). A link keeps its meaning: "last week" is last week
 # whenever it is opened.
@@ -96,14 +100,15 @@ class FilterForm(forms.Form):
 
 
 class BreakevenForm(forms.Form):
-    """The workload profile of DESIGN.md §3's break-even: a pool, its throughput and an API
-    price, blended or as input and output prices with the output share of tokens."""
+    """The break-even's workload profile (docs/metrics.md): a pool (or the whole fleet), its
+    throughput and an API price, blended or as input and output prices with the output share
+    of tokens. The initial values are the product's defaults (``billing.breakeven``)."""
 
-    pool = forms.ChoiceField()
+    pool = forms.ChoiceField(required=False, initial="")
     tokens_per_s = forms.FloatField(
         label="Tokens/s per GPU",
         min_value=0.001,
-        initial=2000,
+        initial=be.PRODUCT_WORKLOAD["tokens_per_s_per_gpu"],
         help_text="At full load, for your model on this GPU",
     )
     price_mode = forms.ChoiceField(
@@ -122,7 +127,7 @@ class BreakevenForm(forms.Form):
         label="API input price / M tokens",
         min_value=Decimal("0"),
         required=False,
-        initial=Decimal("0.20"),
+        initial=be.PRODUCT_WORKLOAD["api_input_price_per_mtok"],
         max_digits=12,
         decimal_places=6,
     )
@@ -130,7 +135,7 @@ class BreakevenForm(forms.Form):
         label="API output price / M tokens",
         min_value=Decimal("0"),
         required=False,
-        initial=Decimal("0.80"),
+        initial=be.PRODUCT_WORKLOAD["api_output_price_per_mtok"],
         max_digits=12,
         decimal_places=6,
     )
@@ -138,14 +143,14 @@ class BreakevenForm(forms.Form):
         label="Output share of tokens",
         min_value=0,
         max_value=1,
-        initial=0.25,
+        initial=be.PRODUCT_WORKLOAD["output_share"],
         required=False,
     )
     rental_rate_per_hour = forms.DecimalField(
         label="On-demand rental / GPU-hour",
         min_value=Decimal("0"),
         required=False,
-        initial=Decimal("2.35"),
+        initial=be.PRODUCT_WORKLOAD["rental_rate_per_hour"],
         max_digits=12,
         decimal_places=6,
     )
@@ -153,9 +158,8 @@ class BreakevenForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         pools = list(Pool.objects.values_list("name", flat=True))
-        self.fields["pool"].choices = [(p, p) for p in pools]  # type: ignore[attr-defined]
-        if pools:
-            self.fields["pool"].initial = pools[0]
+        choices = [FLEET_CHOICE] + [(p, p) for p in pools]
+        self.fields["pool"].choices = choices  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -173,20 +177,14 @@ class BreakevenForm(forms.Form):
     @classmethod
     def initial_query(cls, pool: str | None) -> dict[str, Any]:
         """The defaults as submitted data, so the page shows a result on first load: the
-        pool's break-even workload from the fleet file, else the fleet's, else the form's own.
-        A pool that names any API price brings all of its prices (none of the fleet's)."""
+        whole fleet (no ``pool``) or the pool, at the workload in force for it (its own from
+        the fleet file, else the fleet's, else the product's: ``breakeven_workload``)."""
         form = cls()
         data = {
             name: field.initial for name, field in form.fields.items() if field.initial is not None
         }
-        pool = pool or form.fields["pool"].initial
-        if pool:
-            data["pool"] = pool
-        fleet = dict(FleetSettings.load().breakeven)
-        own = dict(Pool.objects.filter(name=pool).values_list("breakeven", flat=True).first() or {})
-        if PRICE_KEYS & own.keys():
-            fleet = {k: v for k, v in fleet.items() if k not in PRICE_KEYS}
-        workload = {**fleet, **own}
+        data["pool"] = pool or ""
+        workload = breakeven_workload(pool=pool)
         if "api_price_per_mtok" in workload:
             data["price_mode"] = "blended"
         for key, value in workload.items():

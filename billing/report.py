@@ -33,6 +33,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
+from billing import breakeven as be
 from billing import report_chart, selectors
 from billing.formatting import MISSING, money, pct
 from billing.models import WeeklyReport
@@ -284,7 +285,9 @@ class PoolStatus:
     pool: str
     utilization: str
     breakeven: str
-    status: str  # "own" (owning pays), "api" (the API would be cheaper), "never", "idle"
+    # "own" (owning pays), "rent" (a rented pool: renting beats the API), "api" (the API would
+    # be cheaper), "never", "idle"
+    status: str
     verdict: str
     savings_per_month: str
     workload: str = ""  # the workload and API price it was computed at (fleet file)
@@ -369,6 +372,8 @@ def _pool_statuses(
             status, verdict = "idle", "no GPU in service this week"
         elif u_star is None:
             status, verdict = "never", "the API is cheaper at any utilisation"
+        elif u >= u_star and result.comparison == be.RENTED:
+            status, verdict = "rent", "renting beats the API"
         elif u >= u_star:
             status, verdict = "own", "owning pays off"
         else:

@@ -21,6 +21,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 from django.utils import timezone
 
+from billing import breakeven as be
 from billing import charts, selectors
 from billing import cost_model as cm
 from billing.dashboard import (
@@ -34,9 +35,9 @@ from billing.dashboard import (
     range_bounds,
 )
 from billing.formatting import money, money_exact, money_shown, num, pct
-from billing.forms import BreakevenForm
+from billing.forms import FLEET_CHOICE, BreakevenForm
 from fleet.models import Gpu
-from fleet.selectors import gpus_with_attribution
+from fleet.selectors import gpus_with_attribution, team_cost_centers
 
 RECENT_HOURS = 6  # raw samples shown on a GPU's page: recent enough to still be in the raw table
 
@@ -815,11 +816,19 @@ def _offline_since(gpu: Gpu, flt: DashboardFilters) -> dict[str, Any] | None:
     }
 
 
-def _group_table(rows: list[selectors.CostRow], costs: bool, cur: str) -> list[dict[str, Any]]:
+def _group_table(
+    rows: list[selectors.CostRow],
+    costs: bool,
+    cur: str,
+    *,
+    cost_centers: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """The Teams or Pools table's rows; teams name their cost centre (``cost_centers``)."""
     return [
         {
             "name": r.name,
             "key": r.key,
+            "cost_center": (cost_centers or {}).get(r.key, ""),
             "gpus": r.gpu_count,
             "utilization": pct(r.utilization),
             "work_utilization": _work_text(r),
@@ -880,7 +889,7 @@ def chargeback(request: HttpRequest) -> HttpResponse:
             flt,
             "chargeback",
             figures=figures,
-            teams=_group_table(groups["team"], costs, cur),
+            teams=_group_table(groups["team"], costs, cur, cost_centers=team_cost_centers()),
             pools=_group_table(groups["pool"], costs, cur),
             csv_team=f"/api/v1/costs?group_by=team&start={api_start}&end={api_end}&format=csv",
             csv_pool=f"/api/v1/costs?group_by=pool&start={api_start}&end={api_end}&format=csv",
@@ -888,13 +897,119 @@ def chargeback(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _breakeven_scope(result: selectors.BreakevenResult) -> str:
+    """Which view the page shows, in words: the fleet, an owned, rented or mixed pool."""
+    gpus = f"{result.gpus} GPU{'' if result.gpus == 1 else 's'}"
+    if result.pool is None:
+        if not result.gpus:
+            return "Whole fleet: no GPU that is not rented was in service in this period"
+        return f"Whole fleet: all {gpus} not rented, as one pool"
+    if result.comparison == be.RENTED:
+        return f"Pool {result.pool} ({gpus}, rented)"
+    if result.owned_share < 1:
+        return f"Pool {result.pool} ({gpus}, {pct(result.owned_share)} of its capacity owned)"
+    return f"Pool {result.pool} ({gpus}, owned)"
+
+
+def _breakeven_cards(result: selectors.BreakevenResult, cur: str) -> list[dict[str, Any]]:
+    """u*, the measured utilisation, the cost per million tokens and the month: of owning
+    (the fleet, an owned pool) or of renting (a rented pool: no figure says "own"), each
+    against the API; for a rented pool also owning its GPUs instead, where the fleet owns
+    that model (``BreakevenResult.owning_instead``)."""
+    rented = result.comparison == be.RENTED
+    what = "renting" if rented else "owning"
+    u_star, u = result.breakeven_utilization, result.utilization
+    scope = "the whole fleet" if result.pool is None else f"pool {result.pool}"
+    cards = [
+        _card(
+            f"Break-even u*: {what} vs API",
+            pct(u_star) if u_star is not None else "never",
+            f"{what} beats the API above this"
+            if u_star is not None
+            else f"{what} never beats this API price",
+            accent="api",
+            ident="kpi-ustar",
+        ),
+        _card(
+            "Measured utilisation",
+            pct(u),
+            scope,
+            accent="air",
+            status=""
+            if u_star is None or u is None
+            else (f"above u*: {what} pays" if u >= u_star else "below u*"),
+            good=None if u_star is None or u is None else u >= u_star,
+            ident="kpi-measured",
+        ),
+        _money_card(
+            f"{what.capitalize()} cost / M tokens",
+            result.own_cost_per_mtok,
+            cur,
+            f"API {money_shown(result.api_price_per_mtok, cur)}",
+            accent="rent" if rented else "money",
+            ident="kpi-own-mtok",
+        ),
+        _money_card(
+            f"Savings / month (API − {what})",
+            result.savings_per_month,
+            cur,
+            f"{what} {money_shown(result.own_cost_per_month, cur)} · "
+            f"API {money_shown(result.api_cost_per_month, cur)}",
+            status=f"{what} is cheaper" if result.savings_per_month >= 0 else "the API is cheaper",
+            good=result.savings_per_month >= 0,
+            ident="kpi-savings",
+        ),
+    ]
+    instead = result.owning_instead
+    if rented and instead is not None:
+        u_own = instead.breakeven_utilization
+        cards.append(
+            _money_card(
+                "Owning instead / month",
+                instead.cost_per_month,
+                cur,
+                f"at {money_shown(instead.fixed_rate_per_hour, cur)} / GPU-h, as the fleet owns "
+                f"{', '.join(instead.models)}; u* vs API "
+                f"{pct(u_own) if u_own is not None else 'never'}",
+                status="owning would be cheaper"
+                if instead.savings_per_month > 0
+                else "renting is cheaper",
+                good=instead.savings_per_month > 0,
+                ident="kpi-owning-instead",
+            )
+        )
+    elif rented:
+        cards.append(
+            _card(
+                "Owning instead",
+                "unknown",
+                "the fleet owns no GPU of this model in this period to price it by",
+                ident="kpi-owning-instead",
+            )
+        )
+    if not rented and result.rental_rate_per_hour is not None:
+        u_rent = result.rent_breakeven_utilization
+        cards.append(
+            _card(
+                "Owning vs renting u*",
+                pct(u_rent) if u_rent is not None else "never",
+                f"renting on demand at {money_shown(result.rental_rate_per_hour, cur)} / h",
+                accent="rent",
+                ident="kpi-rent",
+            )
+        )
+    return cards
+
+
 @login_required
 @permission_required("fleet.view_costs", raise_exception=True)
 def breakeven(request: HttpRequest) -> HttpResponse:
     """Permission: fleet.view_costs (finance, admin); viewers get 403.
 
-    Own cost per million tokens against utilisation, the API line, u* and today's measured
-    utilisation; the money per month either way; owning against renting on demand.
+    Opens on the whole fleet (every GPU not rented, as one pool), or the filter bar's pool.
+    Cost per million tokens against utilisation, the API line, u* and the measured
+    utilisation; the money per month either way; owning against renting on demand. A rented
+    pool is renting against the API, and against owning its GPUs where the price is known.
     """
     flt = dashboard_filters(request.GET)
     # The form was submitted when its own fields are in the query; a pool alone is the filter
@@ -912,7 +1027,7 @@ def breakeven(request: HttpRequest) -> HttpResponse:
         blended = d["price_mode"] == "blended"
         try:
             result = selectors.breakeven_compute(
-                pool=d["pool"],
+                pool=d["pool"] or None,
                 start=flt.start,
                 end=flt.end_exclusive,
                 tokens_per_s=d["tokens_per_s"],
@@ -926,73 +1041,29 @@ def breakeven(request: HttpRequest) -> HttpResponse:
             form.add_error("pool", str(exc))
         except ValueError as exc:
             form.add_error(None, str(exc))
+    cards: list[dict[str, Any]] = []
     if result is not None:
         figures["chart-breakeven"] = charts.breakeven_curve(result)
         figures["chart-breakeven-month"] = charts.breakeven_month(result)
         rent = charts.rent_curve(result)
         if rent is not None:
             figures["chart-rent"] = rent
-    cur = flt.currency
-    cards = []
-    if result is not None:
-        u_star = result.breakeven_utilization
-        u = result.utilization
-        cards = [
-            _card(
-                "Break-even utilisation u*",
-                pct(u_star) if u_star is not None else "never",
-                "owning beats the API above this"
-                if u_star is not None
-                else "owning never beats this API price",
-                accent="api",
-                ident="kpi-ustar",
-            ),
-            _card(
-                "Measured utilisation",
-                pct(u),
-                f"pool {result.pool}",
-                accent="air",
-                status=""
-                if u_star is None or u is None
-                else ("above u*: owning pays" if u >= u_star else "below u*"),
-                good=None if u_star is None or u is None else u >= u_star,
-                ident="kpi-measured",
-            ),
-            _money_card(
-                "Own cost / M tokens",
-                result.own_cost_per_mtok,
-                cur,
-                f"API {money_shown(result.api_price_per_mtok, cur)}",
-                ident="kpi-own-mtok",
-            ),
-            _money_card(
-                "Savings / month",
-                result.savings_per_month,
-                cur,
-                f"own {money_shown(result.own_cost_per_month, cur)} · "
-                f"API {money_shown(result.api_cost_per_month, cur)}",
-                status="owning is cheaper"
-                if result.savings_per_month >= 0
-                else "the API is cheaper",
-                good=result.savings_per_month >= 0,
-                ident="kpi-savings",
-            ),
-        ]
-        if result.rental_rate_per_hour is not None:
-            u_rent = result.rent_breakeven_utilization
-            cards.append(
-                _card(
-                    "Owning vs renting u*",
-                    pct(u_rent) if u_rent is not None else "never",
-                    f"renting on demand at {money_shown(result.rental_rate_per_hour, cur)} / h",
-                    accent="rent",
-                    ident="kpi-rent",
-                )
-            )
+        cards = _breakeven_cards(result, flt.currency)
     return render(
         request,
         "billing/breakeven.html",
-        _context(request, flt, "breakeven", form=form, result=result, cards=cards, figures=figures),
+        _context(
+            request,
+            flt,
+            "breakeven",
+            form=form,
+            result=result,
+            cards=cards,
+            figures=figures,
+            scope=_breakeven_scope(result) if result is not None else "",
+            rented=result is not None and result.comparison == be.RENTED,
+            fleet_choice=FLEET_CHOICE[1],
+        ),
     )
 
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Iterable
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from rest_framework import serializers
+from rest_framework.fields import empty
 
+from billing.breakeven import OwningInstead
 from billing.cost_model import money_round
 from billing.models import CostProfile
 from billing.selectors import PERIODS, BreakevenResult, CostRow
@@ -96,8 +99,10 @@ COST_COLUMNS: tuple[str, ...] = (
     "tensor_utilization",
     "cost_per_work_hour",
 )
+# Grouped by team, a row also names the team's cost centre, after its name (chargeback).
+TEAM_COST_COLUMNS: tuple[str, ...] = (*COST_COLUMNS[:2], "cost_center", *COST_COLUMNS[2:])
 # Cells that carry names people typed (GPU, team, pool… names): escaped in CSV.
-COST_TEXT_COLUMNS = frozenset({"key", "name", "currency"})
+COST_TEXT_COLUMNS = frozenset({"key", "name", "cost_center", "currency"})
 _FLOAT_FIELDS = (
     "capacity_hours",
     "observed_hours",
@@ -134,8 +139,17 @@ _MONEY_FIELDS = (
 )
 
 
-def cost_row_data(row: CostRow, *, zone: ZoneInfo) -> dict[str, Any]:
-    """One selector row as the API shows it (JSON) and exports it (CSV)."""
+def cost_columns(group_by: str) -> tuple[str, ...]:
+    """The columns of a cost row, in order, for rows grouped by ``group_by``."""
+    return TEAM_COST_COLUMNS if group_by == "team" else COST_COLUMNS
+
+
+def cost_row_data(
+    row: CostRow, *, zone: ZoneInfo, cost_centers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One selector row as the API shows it (JSON) and exports it (CSV). With
+    ``cost_centers`` (team name → cost centre) the row is a team's and names its cost centre
+    ("" for a team without one and for the row of GPUs without a team)."""
     data: dict[str, Any] = {
         "key": row.key,
         "name": row.name,
@@ -149,7 +163,10 @@ def cost_row_data(row: CostRow, *, zone: ZoneInfo) -> dict[str, Any]:
         data[name] = num(getattr(row, name))
     for name in _MONEY_FIELDS:
         data[name] = money_str(getattr(row, name))
-    return {column: data[column] for column in COST_COLUMNS}
+    if cost_centers is None:
+        return {column: data[column] for column in COST_COLUMNS}
+    data["cost_center"] = cost_centers.get(row.key, "")
+    return {column: data[column] for column in TEAM_COST_COLUMNS}
 
 
 class CommaListField(serializers.ListField):
@@ -245,6 +262,11 @@ class CostRowSerializer(serializers.Serializer[Any]):
 
     key = serializers.CharField(help_text="GPU UUID, hostname, or pool/team/site/model name")
     name = serializers.CharField()
+    cost_center = serializers.CharField(
+        required=False,
+        help_text="group_by=team only: the team's cost centre as the fleet file sets it now "
+        '("" where none)',
+    )
     period_start = serializers.DateTimeField(help_text="ISO 8601 with offset; clipped to query")
     period_end = serializers.DateTimeField()
     gpu_count = serializers.IntegerField()
@@ -312,7 +334,19 @@ class CostPageSerializer(serializers.Serializer[Any]):
 # --- Break-even --------------------------------------------------------------------------------
 
 
-class _FiniteFloatField(serializers.FloatField):
+class _NoBlank:
+    """A number parameter given empty (``?tokens_per_s=``) is a mistake, not "left out"
+    (which takes the default): DRF would read a blank optional form value as absent."""
+
+    def get_value(self, dictionary: Any) -> Any:
+        value = super().get_value(dictionary)  # type: ignore[misc]
+        name = getattr(self, "field_name", "")
+        if value is empty and name in dictionary:
+            return dictionary[name]  # "" → "A valid number is required."
+        return value
+
+
+class _FiniteFloatField(_NoBlank, serializers.FloatField):
     def to_internal_value(self, data: Any) -> float:
         value = float(super().to_internal_value(data))
         if not math.isfinite(value):
@@ -320,8 +354,12 @@ class _FiniteFloatField(serializers.FloatField):
         return value
 
 
+class _PriceField(_NoBlank, serializers.DecimalField):
+    pass
+
+
 def _price(help_text: str) -> serializers.DecimalField:
-    return serializers.DecimalField(
+    return _PriceField(
         max_digits=14,
         decimal_places=6,
         min_value=Decimal("0"),
@@ -331,9 +369,21 @@ def _price(help_text: str) -> serializers.DecimalField:
 
 
 class BreakevenQuerySerializer(RangeQuerySerializer):
-    pool = serializers.CharField(max_length=100, help_text="Pool name")
+    """Every workload parameter left out is the break-even page's default: the pool's
+    ``breakeven`` table of the fleet file, else the fleet's ``[breakeven]``, else the
+    product's (``selectors.breakeven_workload``). The four price parameters come as a set:
+    none (the defaults) or a complete one."""
+
+    pool = serializers.CharField(
+        max_length=100,
+        required=False,
+        help_text="Pool name. Left out: the whole fleet, every GPU not rented as one pool",
+    )
     tokens_per_s = _FiniteFloatField(
-        min_value=0.000001, help_text="Tokens per second one GPU of the pool serves at full load"
+        min_value=0.000001,
+        required=False,
+        help_text="Tokens per second one GPU of the pool serves at full load. Default: the "
+        "fleet file's tokens_per_s_per_gpu (the pool's, else the fleet's), else 2000",
     )
     api_price_per_mtok = _price("Blended API price per million tokens")
     api_input_price_per_mtok = _price("API price per million input tokens")
@@ -341,7 +391,10 @@ class BreakevenQuerySerializer(RangeQuerySerializer):
     output_share = _FiniteFloatField(
         min_value=0, max_value=1, required=False, help_text="Share of tokens that are output"
     )
-    rental_rate_per_hour = _price("On-demand rental rate per GPU-hour to compare with")
+    rental_rate_per_hour = _price(
+        "On-demand rental rate per GPU-hour to compare owning with. Default: the fleet "
+        "file's, else 2.35"
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
@@ -356,13 +409,14 @@ class BreakevenQuerySerializer(RangeQuerySerializer):
                         ]
                     }
                 )
-        elif len(given) != len(split):
-            missing = [k for k in split if k not in attrs] if given else ["api_price_per_mtok"]
+        elif given and len(given) != len(split):
+            missing = [k for k in split if k not in attrs]
             raise serializers.ValidationError(
                 {
                     k: [
                         "required: api_price_per_mtok, or api_input_price_per_mtok, "
-                        "api_output_price_per_mtok and output_share"
+                        "api_output_price_per_mtok and output_share (or none of them: the "
+                        "defaults)"
                     ]
                     for k in missing
                 }
@@ -370,16 +424,69 @@ class BreakevenQuerySerializer(RangeQuerySerializer):
         return attrs
 
 
+def breakeven_arguments(params: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
+    """``breakeven_compute``'s arguments: the query's, the rest from ``workload`` (the
+    fleet file's keys, ``selectors.breakeven_workload``)."""
+    args = dict(params)
+    args["pool"] = params.get("pool")
+    args.setdefault("tokens_per_s", float(workload["tokens_per_s_per_gpu"]))
+    args.setdefault("rental_rate_per_hour", Decimal(str(workload["rental_rate_per_hour"])))
+    prices = ("api_price_per_mtok", "api_input_price_per_mtok", "api_output_price_per_mtok")
+    if not any(k in params for k in (*prices, "output_share")):
+        if "api_price_per_mtok" in workload:
+            args["api_price_per_mtok"] = Decimal(str(workload["api_price_per_mtok"]))
+        else:
+            for key in prices[1:]:
+                args[key] = Decimal(str(workload[key]))
+            args["output_share"] = float(workload["output_share"])
+    return args
+
+
 class CurvePointSerializer(serializers.Serializer[Any]):
     utilization = serializers.FloatField()
     own_cost_per_mtok = serializers.DecimalField(max_digits=20, decimal_places=6, allow_null=True)
 
 
+class OwningInsteadSerializer(serializers.Serializer[Any]):
+    models = serializers.ListField(
+        child=serializers.CharField(), help_text="The GPU models of the pool, priced"
+    )
+    gpus = serializers.IntegerField(help_text="The fleet's owned GPUs of those models")
+    fixed_rate_per_hour = serializers.DecimalField(max_digits=20, decimal_places=6)
+    pue = serializers.FloatField()
+    price_per_kwh = serializers.DecimalField(max_digits=20, decimal_places=6)
+    breakeven_utilization = serializers.FloatField(
+        allow_null=True, help_text="Owning against the API; null: never"
+    )
+    cost_per_mtok = serializers.DecimalField(max_digits=20, decimal_places=6, allow_null=True)
+    cost_per_month = serializers.DecimalField(max_digits=20, decimal_places=2)
+    rent_per_month = serializers.DecimalField(max_digits=20, decimal_places=2)
+    savings_per_month = serializers.DecimalField(
+        max_digits=20,
+        decimal_places=2,
+        help_text="Renting − owning; positive: owning would be cheaper",
+    )
+    curve = CurvePointSerializer(many=True)
+
+
 class BreakevenSerializer(serializers.Serializer[Any]):
     """Documents the break-even answer. Rates (per hour, kWh, million tokens) carry six
-    decimals; monthly amounts two."""
+    decimals; monthly amounts two. With ``comparison`` "rented" the pool is rented: the
+    ``own_*`` figures, ``fixed_rate_per_hour``, ``breakeven_utilization`` and
+    ``savings_per_month`` are then renting's, and ``owning_instead`` prices owning."""
 
-    pool = serializers.CharField()
+    pool = serializers.CharField(
+        allow_null=True, help_text="null: the whole fleet, every GPU not rented as one pool"
+    )
+    comparison = serializers.ChoiceField(
+        choices=["owned", "rented"],
+        help_text="owned: owning against the API (and renting on demand); rented: every "
+        "capacity hour of the pool was rented, so renting against the API (and owning)",
+    )
+    gpus = serializers.IntegerField(help_text="GPUs with capacity in the window")
+    owned_share = serializers.FloatField(
+        help_text="Owned share of the capacity hours (scales PUE × price in C(u))"
+    )
     currency = serializers.CharField()
     window_start = serializers.DateTimeField()
     window_end = serializers.DateTimeField()
@@ -403,13 +510,45 @@ class BreakevenSerializer(serializers.Serializer[Any]):
     rental_rate_per_hour = serializers.DecimalField(
         max_digits=20, decimal_places=6, allow_null=True
     )
-    rent_breakeven_utilization = serializers.FloatField(allow_null=True)
+    rent_breakeven_utilization = serializers.FloatField(
+        allow_null=True, help_text="Owning against renting on demand; null for a rented pool"
+    )
     curve = CurvePointSerializer(many=True)
+    owning_instead = OwningInsteadSerializer(
+        allow_null=True,
+        help_text="A rented pool owned instead, at the fleet's own fixed rate and tariff for "
+        "that GPU model; null for owned pools and where the fleet owns no GPU of the model",
+    )
+
+
+def _curve_data(curve: Iterable[tuple[float, Decimal]]) -> list[dict[str, Any]]:
+    return [{"utilization": num(u), "own_cost_per_mtok": rate_str(cost)} for u, cost in curve]
+
+
+def _owning_instead_data(instead: OwningInstead | None) -> dict[str, Any] | None:
+    if instead is None:
+        return None
+    return {
+        "models": list(instead.models),
+        "gpus": instead.gpus,
+        "fixed_rate_per_hour": rate_str(instead.fixed_rate_per_hour),
+        "pue": num(float(instead.pue)),
+        "price_per_kwh": rate_str(instead.price_per_kwh),
+        "breakeven_utilization": num(instead.breakeven_utilization),
+        "cost_per_mtok": rate_str(instead.cost_per_mtok),
+        "cost_per_month": money_str(instead.cost_per_month),
+        "rent_per_month": money_str(instead.rent_per_month),
+        "savings_per_month": money_str(instead.savings_per_month),
+        "curve": _curve_data(instead.curve),
+    }
 
 
 def breakeven_data(result: BreakevenResult, *, zone: ZoneInfo) -> dict[str, Any]:
     return {
         "pool": result.pool,
+        "comparison": result.comparison,
+        "gpus": result.gpus,
+        "owned_share": num(result.owned_share),
         "currency": result.currency,
         "window_start": iso(result.window_start, zone),
         "window_end": iso(result.window_end, zone),
@@ -428,9 +567,8 @@ def breakeven_data(result: BreakevenResult, *, zone: ZoneInfo) -> dict[str, Any]
         "savings_per_month": money_str(result.savings_per_month),
         "rental_rate_per_hour": rate_str(result.rental_rate_per_hour),
         "rent_breakeven_utilization": num(result.rent_breakeven_utilization),
-        "curve": [
-            {"utilization": num(u), "own_cost_per_mtok": rate_str(cost)} for u, cost in result.curve
-        ],
+        "curve": _curve_data(result.curve),
+        "owning_instead": _owning_instead_data(result.owning_instead),
     }
 
 

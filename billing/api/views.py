@@ -24,14 +24,15 @@ from billing import selectors
 from billing.api.csv import CsvRenderer, csv_stream
 from billing.api.filters import CostProfileFilterSet
 from billing.api.serializers import (
-    COST_COLUMNS,
     COST_TEXT_COLUMNS,
     BreakevenQuerySerializer,
     BreakevenSerializer,
     CostPageSerializer,
     CostProfileSerializer,
     CostsQuerySerializer,
+    breakeven_arguments,
     breakeven_data,
+    cost_columns,
     cost_row_data,
 )
 from billing.models import CostProfile
@@ -39,6 +40,7 @@ from config.api import Pagination
 from fleet.api.views import ProtectedDeleteMixin
 from fleet.models import FleetSettings
 from fleet.permissions import CanViewCosts, CanViewCostsOrManageWrites
+from fleet.selectors import team_cost_centers
 
 _ERRORS = {
     400: OpenApiResponse(description="A bad parameter; the body names it"),
@@ -135,6 +137,7 @@ class CostsView(FinanceAPIView):
             "One row per group and period over [start, end) (dates in the report time zone). "
             "JSON is paginated (limit/offset; stable order: period_start, key). CSV "
             "(`format=csv` or `Accept: text/csv`) streams every row with the same columns. "
+            "Grouped by team, each row names the team's `cost_center` after its `name`. "
             "Money fields are decimal strings with two decimals, rounded half-up, in "
             "`currency`."
         ),
@@ -171,10 +174,12 @@ class CostsView(FinanceAPIView):
             period=params["period"],
             filters=filters,
         )
+        # Grouped by team, each row names its team's cost centre (chargeback).
+        centers = team_cost_centers() if params["group_by"] == "team" else None
         if request.accepted_renderer.format == "csv":
             lines = csv_stream(
-                (cost_row_data(row, zone=zone) for row in rows),
-                columns=COST_COLUMNS,
+                (cost_row_data(row, zone=zone, cost_centers=centers) for row in rows),
+                columns=cost_columns(params["group_by"]),
                 text_columns=COST_TEXT_COLUMNS,
             )
             response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
@@ -184,13 +189,16 @@ class CostsView(FinanceAPIView):
             response["Content-Disposition"] = f'attachment; filename="{filename}"'
             return response
         page = paginator.paginate_iterable(rows, request)
-        return paginator.get_paginated_response([cost_row_data(r, zone=zone) for r in page])
+        return paginator.get_paginated_response(
+            [cost_row_data(r, zone=zone, cost_centers=centers) for r in page]
+        )
 
 
 class BreakevenView(FinanceAPIView):
     @extend_schema(
         operation_id="breakeven_retrieve",
-        summary="Break-even of owning a pool against an API price (and renting)",
+        summary="Break-even of owning a pool, or the whole fleet, against an API price (and "
+        "renting); a rented pool: renting against the API (and owning)",
         parameters=[BreakevenQuerySerializer],
         responses={
             200: BreakevenSerializer,
@@ -204,8 +212,9 @@ class BreakevenView(FinanceAPIView):
         query = BreakevenQuerySerializer(data=request.query_params, context={"today": today})
         query.is_valid(raise_exception=True)
         params = dict(query.validated_data)
+        workload = selectors.breakeven_workload(pool=params.get("pool"))
         try:
-            result = selectors.breakeven_compute(**params)
+            result = selectors.breakeven_compute(**breakeven_arguments(params, workload))
         except LookupError:
             return Response({"pool": [f"no pool named {params['pool']!r}"]}, status=404)
         except ValueError as exc:

@@ -21,7 +21,7 @@ How a figure is made, and why this way:
 Money is Decimal in full precision (round only when shown); hours are floats.
 """
 
-from billing.selectors.breakeven import BreakevenResult, breakeven_compute
+from billing.selectors.breakeven import BreakevenResult, breakeven_compute, breakeven_workload
 from billing.selectors.costs import (
     FleetSummary,
     cost_rows,
@@ -54,6 +54,7 @@ __all__ = [
     "FleetSummary",
     "UtilizationRow",
     "breakeven_compute",
+    "breakeven_workload",
     "cost_rows",
     "cost_rows_by",
     "fleet_overview",

@@ -76,10 +76,11 @@ def test_breakeven_unknown_pool_is_404(worked_example: Any, finance: Any) -> Non
         ({"tokens_per_s": "inf"}, "tokens_per_s"),
         ({"api_price_per_mtok": "-1"}, "api_price_per_mtok"),
         ({"api_price_per_mtok": ""}, "api_price_per_mtok"),
-        ({"api_price_per_mtok": None}, "api_price_per_mtok"),
+        ({"api_price_per_mtok": None, "output_share": "0.3"}, "api_input_price_per_mtok"),
         ({"output_share": "0.3"}, "api_price_per_mtok"),
         ({"rental_rate_per_hour": "cheap"}, "rental_rate_per_hour"),
-        ({"pool": None}, "pool"),
+        ({"rental_rate_per_hour": ""}, "rental_rate_per_hour"),  # blank is not "left out"
+        ({"tokens_per_s": ""}, "tokens_per_s"),
         ({"end": "2026-03-01"}, "end"),
     ],
 )

@@ -131,3 +131,115 @@ def test_blended_api_price():
         be.blended_api_price_per_mtok(
             input_price_per_mtok=Decimal("1"), output_price_per_mtok=Decimal("1"), output_share=1.5
         )
+
+
+# --- fleet-wide and rented views (issue 18) -------------------------------------------------
+def test_energy_terms_of_several_sites_by_hand():
+    # 300 kWh at fra1 (PUE 1.35, 0.21/kWh) and 100 kWh at ams1 (PUE 1.25, 0.17/kWh):
+    # PUE = (300 × 1.35 + 100 × 1.25) / 400 = 530 / 400 = 1.325;
+    # price = (405 × 0.21 + 125 × 0.17) / 530 = (85.05 + 21.25) / 530 = 106.30 / 530;
+    # PUE × price = 106.30 / 400 = 0.26575: the energy bill over the kWh drawn.
+    pue, price = be.energy_terms_blended(
+        [(300, Decimal("1.35"), Decimal("0.21")), (100, Decimal("1.25"), Decimal("0.17"))]
+    )
+    assert pue == Decimal("1.325")
+    assert (price * 530).quantize(SIX) == Decimal("106.300000")
+    assert (pue * price).quantize(SIX) == Decimal("0.265750")
+    assert be.energy_terms_blended([]) == (Decimal(1), Decimal(0))
+    assert be.energy_terms_blended([(0, Decimal("1.4"), Decimal("0.2"))]) == (1, 0)
+
+
+def test_comparison_kind():
+    assert be.comparison_kind(owned_capacity_hours=0, capacity_hours=72) == be.RENTED
+    assert be.comparison_kind(owned_capacity_hours=1, capacity_hours=72) == be.OWNED
+    assert be.comparison_kind(owned_capacity_hours=0, capacity_hours=0) == be.OWNED
+
+
+def test_a_rented_pool_against_the_api_by_hand():
+    # Rented at 0.69/h, energy included (owned share 0): C(u) = 0.69 whatever the power.
+    rented = be.pool_economics(
+        fixed_rate_per_hour=Decimal("0.69"),
+        p_active_kw=0.4,
+        p_idle_kw=0.07,
+        pue=Decimal("1.2"),
+        price_per_kwh=Decimal("0.09"),
+        owned_share=0,
+    )
+    api = be.blended_api_price_per_mtok(
+        input_price_per_mtok=Decimal("0.20"),
+        output_price_per_mtok=Decimal("0.80"),
+        output_share=0.25,
+    )
+    assert api == Decimal("0.35")  # 0.75 × 0.20 + 0.25 × 0.80
+    # u* = 0.69 / (0.35 × 2000 × 3600 / 1e6) = 0.69 / 2.52 = 0.273810
+    u_star = be.breakeven_utilization(economics=rented, api_price_per_mtok=api, tokens_per_s=TPS)
+    assert u_star is not None and round(u_star, 6) == 0.273810
+    # at u = 0.5: 0.69 / (0.5 × 2000 × 3600) × 1e6 = 0.69 / 3.6 = 0.191667 per M tokens
+    per_mtok = be.own_cost_per_mtok(economics=rented, utilization=0.5, tokens_per_s=TPS)
+    assert per_mtok is not None and per_mtok.quantize(SIX) == Decimal("0.191667")
+    # a month (72 h of 72 → 730 h): renting 0.69 × 730 = 503.70; tokens 0.5 × 2000 × 3600 ×
+    # 730 = 2,628 M → API 2,628 × 0.35 = 919.80; the API costs 416.10 more.
+    month = be.monthly_comparison(
+        economics=rented,
+        utilization=0.5,
+        tokens_per_s=TPS,
+        api_price_per_mtok=api,
+        capacity_hours=72,
+        window_hours=72,
+    )
+    assert month.own_cost.quantize(CENT) == Decimal("503.70")
+    assert month.api_cost.quantize(CENT) == Decimal("919.80")
+    assert month.savings.quantize(CENT) == Decimal("416.10")
+
+
+def test_workload_defaults_pool_over_fleet_over_product():
+    product = be.workload_defaults(fleet={})
+    assert product == be.PRODUCT_WORKLOAD
+    fleet = {"tokens_per_s_per_gpu": 1000.0, "api_price_per_mtok": "0.60"}
+    assert be.workload_defaults(fleet=fleet, pool={"tokens_per_s_per_gpu": 4000.0}) == {
+        **be.PRODUCT_WORKLOAD,
+        "tokens_per_s_per_gpu": 4000.0,
+        "api_price_per_mtok": "0.60",  # the fleet's blended price is in force
+    }
+    # A pool naming a price brings its prices, none of the fleet's: the product's fill in.
+    assert be.workload_defaults(fleet=fleet, pool={"api_input_price_per_mtok": "0.30"}) == {
+        **be.PRODUCT_WORKLOAD,
+        "tokens_per_s_per_gpu": 1000.0,
+        "api_input_price_per_mtok": "0.30",
+    }
+
+
+def test_owning_a_rented_pool_instead_by_hand():
+    rented = be.pool_economics(
+        fixed_rate_per_hour=Decimal("0.69"),
+        p_active_kw=0.4,
+        p_idle_kw=0.07,
+        pue=Decimal("1.2"),
+        price_per_kwh=Decimal("0.09"),
+        owned_share=0,
+    )
+    # Owned at 0.30/h fixed, PUE 1.25 × 0.16/kWh = 0.20 per kWh at the GPU, same power.
+    instead = be.owning_instead(
+        rented=rented,
+        owned_fixed_rate_per_hour=Decimal("0.30"),
+        owned_pue=Decimal("1.25"),
+        owned_price_per_kwh=Decimal("0.16"),
+        utilization=0.5,
+        tokens_per_s=TPS,
+        api_price_per_mtok=Decimal("0.35"),
+        capacity_hours=72,
+        window_hours=72,
+        models=("NVIDIA RTX 4090",),
+        gpus=3,
+    )
+    # u* = (0.30 + 0.07 × 0.20) / (2.52 − 0.33 × 0.20) = 0.314 / 2.454 = 0.127954
+    assert instead.breakeven_utilization is not None
+    assert round(instead.breakeven_utilization, 6) == 0.127954
+    # C(0.5) = 0.30 + (0.5 × 0.4 + 0.5 × 0.07) × 0.20 = 0.347; / 3.6 M tokens = 0.096389
+    assert instead.cost_per_mtok is not None
+    assert instead.cost_per_mtok.quantize(SIX) == Decimal("0.096389")
+    # a month: owning 0.347 × 730 = 253.31; renting 0.69 × 730 = 503.70; 250.39 saved
+    assert instead.cost_per_month.quantize(CENT) == Decimal("253.31")
+    assert instead.rent_per_month.quantize(CENT) == Decimal("503.70")
+    assert instead.savings_per_month.quantize(CENT) == Decimal("250.39")
+    assert (instead.models, instead.gpus) == (("NVIDIA RTX 4090",), 3)

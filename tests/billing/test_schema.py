@@ -43,9 +43,11 @@ def test_schema_documents_the_finance_api() -> None:
 
 
 def test_cost_row_serializer_documents_what_the_api_sends() -> None:
-    from billing.api.serializers import COST_COLUMNS, CostRowSerializer
+    from billing.api.serializers import COST_COLUMNS, CostRowSerializer, cost_columns
 
-    assert tuple(CostRowSerializer().fields) == COST_COLUMNS
+    assert tuple(CostRowSerializer().fields) == cost_columns("team")
+    assert COST_COLUMNS == tuple(c for c in cost_columns("team") if c != "cost_center")
+    assert cost_columns("pool") == COST_COLUMNS
 
 
 def test_schema_and_docs_served_without_cdn(role_client: Any) -> None:

@@ -102,6 +102,11 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any, open_pa
 
     page.goto(f"{base}/breakeven/?from={today - dt.timedelta(days=13)}&to={today}")
     assert _charts_drawn(page) >= 2
+    # It opens on the whole fleet (every GPU not rented), and says so.
+    assert page.locator("#id_pool").input_value() == ""
+    scope = page.locator("#breakeven-scope").inner_text()
+    assert scope.startswith("Whole fleet: all ") and "not rented, as one pool" in scope
+    page.screenshot(path=str(screenshot_path("breakeven-fleet")), full_page=True)
     u_star = _kpi(page, "kpi-ustar")
     page.select_option("#id_pool", "llm-training")
     page.fill("#id_tokens_per_s", "6000")
@@ -109,7 +114,31 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any, open_pa
     page.wait_for_url(re.compile(r".*tokens_per_s=6000.*"))
     _charts_drawn(page)
     assert _kpi(page, "kpi-ustar") != u_star
+    assert "Pool llm-training" in page.locator("#breakeven-scope").inner_text()
     _shot(page, "breakeven")
+    # A rented pool of a model the fleet owns (H100): renting against the API and owning.
+    page.select_option("#id_pool", "cloud-burst")
+    page.click("#breakeven-form button[type=submit]")
+    page.wait_for_url(re.compile(r".*pool=cloud-burst.*"))
+    _charts_drawn(page)
+    assert page.locator("h1").inner_text() == "Rent or API?"
+    assert (
+        "rented): renting against the API and against owning"
+        in page.locator("#breakeven-scope").inner_text()
+    )
+    assert page.locator("#kpi-ustar h3").text_content() == "Break-even u*: renting vs API"
+    assert page.locator("#kpi-own-mtok h3").text_content() == "Renting cost / M tokens"
+    assert page.locator("#kpi-owning-instead h3").text_content() == "Owning instead / month"
+    assert page.locator("#kpi-rent").count() == 0 and page.locator("#chart-rent").count() == 0
+    cards = page.locator("section.cards").text_content() or ""
+    assert not re.search(r"\bown\b", cards, re.IGNORECASE), cards
+    page.screenshot(path=str(screenshot_path("breakeven-rented")), full_page=True)
+    # Rented RTX 4090s, which the fleet does not own: owning instead has no price.
+    page.select_option("#id_pool", "notebooks")
+    page.click("#breakeven-form button[type=submit]")
+    page.wait_for_url(re.compile(r".*pool=notebooks.*"))
+    _charts_drawn(page)
+    assert _kpi(page, "kpi-owning-instead") == "unknown"
 
     # The overview on a phone with the system in dark mode (the README shows its first screen).
     phone = open_page(390, "dark")

@@ -116,6 +116,9 @@ def test_every_page_fits_at_this_width_and_scheme(
                     assert seen["contrast"] >= 4.5, (name, selector, seen)
         body = page.locator("body").evaluate(LUMINANCE)
         assert (body["bg"] < 0.05) == (scheme == "dark"), (name, body)
+        if name == "heatmap":  # the scale runs from dark to bright in dark mode
+            busier = "brighter is busier" if scheme == "dark" else "darker is busier"
+            assert busier in page.locator("#heatmap-legend").inner_text(), scheme
         if charts_drawn:
             font = page.evaluate(
                 "document.querySelector('.plot[data-drawn=true]')._fullLayout.font.color"
