@@ -99,6 +99,11 @@ class Cpu:
     client: float = 0.0
     wall: float = 0.0
 
+    def add(self, other: Cpu) -> None:
+        self.server += other.server
+        self.client += other.client
+        self.wall += other.wall
+
 
 @dataclass
 class Figures:
@@ -386,14 +391,12 @@ def measure(args: argparse.Namespace) -> Figures:
             checkpoint()
         cpu, wal, accepted = ingest_minute(fleet, meter, start, full=True)
         samples += accepted
-        for name in ("server", "client", "wall"):
-            setattr(ingest_cpu, name, getattr(ingest_cpu, name) + getattr(cpu, name))
+        ingest_cpu.add(cpu)
         ingest_wal.add(wal)
         push_walls.append(cpu.wall / len(fleet.nodes))
         run_cpu, run_wal, hours = rollup_once(meter)
         assert hours == 1, hours
-        for name in ("server", "client", "wall"):
-            setattr(rollup_cpu, name, getattr(rollup_cpu, name) + getattr(run_cpu, name))
+        rollup_cpu.add(run_cpu)
         rollup_wal.add(run_wal)
         runs.append((minute % 60 + 1, run_cpu))
         if args.checkpoint_at <= minute < args.checkpoint_at + CHECKPOINT_INTERVAL_MIN:
@@ -470,8 +473,7 @@ def measure(args: argparse.Namespace) -> Figures:
         cpu, wal, accepted = ingest_minute(
             fleet, meter, basic_day + dt.timedelta(minutes=minute), full=False
         )
-        basic.server += cpu.server
-        basic.client += cpu.client
+        basic.add(cpu)
         basic_wal.add(wal)
         basic_samples += accepted
     if basic_samples:
