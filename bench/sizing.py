@@ -34,7 +34,8 @@ Measured, each in its own phase:
 
 CPU times are totals over the run divided by the count (the kernel counts them in 10 ms ticks,
 so single pushes cannot be timed); wall times are medians per simulated minute. Bytes and WAL
-records are deterministic for a given ``--gpus`` and seed; times are not on a shared machine.
+count what was written, so load does not move them (the fleet's size and the run's length
+do, a little); CPU times move with load, wall times much more.
 
 The derived table (printed last; docs/deploy.md "Sizing") takes the web process's time per
 8-GPU push from bench/ingest.py (``--push-ms``: gunicorn, NVML fields only) because it holds the
@@ -614,8 +615,8 @@ def rollup_limit_gpus(f: Figures, seconds: float) -> int:
 
 
 def report(f: Figures, push_ms: float) -> None:
-    print("\nMeasured (bytes and WAL records are deterministic; CPU times are totals / count,")
-    print("wall times medians):")
+    print("\nMeasured (bytes and WAL: what was written; CPU times: totals / count, on which load")
+    print("weighs; wall times: medians):")
     for name, value in asdict(f).items():
         print(f"  {name}: {value if not isinstance(value, float) else round(value, 4)}")
     rows = [derive(f, n, push_ms) for n in FLEETS]
