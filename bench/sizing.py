@@ -62,8 +62,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-# The rollup logs a line per run at INFO: 1,440 of them would bury the figures.
-os.environ.setdefault("LOG_LEVEL", "WARNING")
 
 GPUS_PER_NODE = 8
 INTERVAL_S = 60
@@ -683,6 +681,8 @@ def main() -> int:
     if args.minutes < 60:
         parser.error("--minutes: at least one whole hour (60)")
 
+    # The rollup logs a line per run at INFO: 1,440 of them would bury the figures.
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
     import django
 
     django.setup()
