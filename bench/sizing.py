@@ -28,9 +28,12 @@ Measured, each in its own phase:
   ``checkpoint_timeout``);
 * CPU: the PostgreSQL backend's own CPU time (utime + stime from ``/proc/<pid>/stat``, so
   PostgreSQL must run on this machine) and this process's, per push and per rollup run; the
-  rollup's cost per run is fitted as ``fixed + GPUs × (per GPU + per GPU × k)`` where k is the
+  rollup's cost per run is fitted as ``fixed + GPUs × (a + b × k)`` where k is the
   minute of the hour (the run at minute k re-reads k samples per GPU), with the fixed part
   measured on its own (a run over a marked hour without samples).
+
+Needs PostgreSQL on this machine (``/proc``), a superuser role (``CHECKPOINT``, and
+``pg_walinspect``, which the script creates in its database) and PostgreSQL's contrib modules.
 
 CPU times are totals over the run divided by the count (the kernel counts them in 10 ms ticks,
 so single pushes cannot be timed); wall times are medians per simulated minute. Bytes and WAL
