@@ -6,7 +6,9 @@ import logging
 from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, InterfaceError, OperationalError
-from rest_framework.exceptions import ValidationError
+from django.db.models import ProtectedError
+from rest_framework import status
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -81,3 +83,22 @@ def not_found(request: Any, exception: Exception | None = None) -> Any:
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Not found."}, status=404)
     return page_not_found(request, exception or Exception("not found"))
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "still in use"
+    default_code = "conflict"
+
+
+class ProtectedDeleteMixin:
+    """Deleting a site that pools or nodes still use is a 409 that says so, not a 500."""
+
+    def perform_destroy(self, instance: Any) -> None:
+        try:
+            instance.delete()
+        except ProtectedError as exc:
+            users = sorted({str(obj) for obj in exc.protected_objects})[:10]
+            raise Conflict(
+                f"{instance} is still used by: {', '.join(users)}; reassign those first"
+            ) from exc

@@ -36,8 +36,7 @@ from billing.api.serializers import (
     cost_row_data,
 )
 from billing.models import CostProfile
-from config.api import Pagination
-from fleet.api.views import ProtectedDeleteMixin
+from config.api import Pagination, ProtectedDeleteMixin
 from fleet.models import FleetSettings
 from fleet.permissions import CanViewCosts, CanViewCostsOrManageWrites
 from fleet.selectors import team_cost_centers

@@ -3,35 +3,12 @@ each. Reads for finance and admin (sites carry tariffs, i.e. money), writes for 
 
 from __future__ import annotations
 
-from typing import Any
+from rest_framework import viewsets
 
-from django.db.models import ProtectedError
-from rest_framework import status, viewsets
-from rest_framework.exceptions import APIException
-
+from config.api import ProtectedDeleteMixin
 from fleet.api import filters, serializers
 from fleet.models import Gpu, Node, Pool, Site, Team
 from fleet.permissions import CanViewCostsOrManageWrites
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "still in use"
-    default_code = "conflict"
-
-
-class ProtectedDeleteMixin:
-    """Deleting a site that pools or nodes still use is a 409 that says so, not a 500."""
-
-    def perform_destroy(self, instance: Any) -> None:
-        try:
-            instance.delete()
-        except ProtectedError as exc:
-            users = sorted({str(obj) for obj in exc.protected_objects})[:10]
-            raise Conflict(
-                f"{instance} is still used by: {', '.join(users)}; reassign those first"
-            ) from exc
-
 
 # Nodes and GPUs carry samples and cost history: they are retired (GPU ``retired_at``), never
 # deleted through the API, as with the fleet file (docs/deploy.md).
