@@ -31,7 +31,7 @@ from types import SimpleNamespace
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Case, IntegerField, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
 from django.utils import timezone
@@ -39,6 +39,7 @@ from django.utils import timezone
 from billing import breakeven as be
 from billing import cost_model as cm
 from billing.models import CostProfile
+from config.replica import read_cursor
 from fleet.models import FleetSettings, Gpu, Node, Pool, Site, Team, zone_or_utc
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 from telemetry.models import DailyUsage, DailyUsageState, HourlyUsage
@@ -510,7 +511,7 @@ def _summed(rows: QuerySet[Any], fields: list[str]) -> list[dict[str, Any]]:
         # fleets are small).
         return list(summed)
     query = summed.query
-    with connection.cursor() as cursor:
+    with read_cursor() as cursor:
         cursor.execute(*query.sql_with_params())
         names = [column.name for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -666,7 +667,7 @@ def _pooled_segments(
     observed_s: dict[tuple[int, dt.date], float] = defaultdict(float)
     segments: list[_Segment] = []
     over: list[tuple[Any, ...]] = []
-    with transaction.atomic(), connection.cursor() as cursor:
+    with read_cursor(atomic=True) as cursor:
         # Hashing a large fleet's class-days (1,000 GPUs × 90 days) outgrows the default
         # 4 MB; and one process, not parallel workers, sums each group, so its sums are
         # taken in the same order on every run. This statement's transaction only.
@@ -1418,7 +1419,7 @@ def _utilization_sql(
     if not gpus:
         return []
     params, _ = _utilization_params(load, start=start, end=end)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with read_cursor(atomic=True) as cursor:
         # A GPU-day hash of a large fleet (1,000 × 90) outgrows the default 4 MB and would
         # spill to disk; this statement only, in this transaction.
         cursor.execute("SET LOCAL work_mem = '64MB'")
@@ -1588,7 +1589,7 @@ def utilization_listed(
     idle = [gpu_id for gpu_id, serving in in_service.items() if not serving]
     with_rows: set[int] = set()
     if idle:
-        with connection.cursor() as cursor:
+        with read_cursor() as cursor:
             cursor.execute(_UTILIZATION_ROWS_SQL, {**params, "ids": idle})
             with_rows = {gpu_id for (gpu_id,) in cursor.fetchall()}
     return [

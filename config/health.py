@@ -4,7 +4,9 @@
   depends on another service, so an outage elsewhere does not restart healthy web processes.
 - ``/readyz``: the database and the broker answer (503 otherwise). For deploy gates, readiness
   probes and alerting. The cache is reported but does not gate: ingest works without it
-  (DESIGN.md §5).
+  (DESIGN.md §5). Nor does the read replica, where one is set: reads fall back to the primary
+  when it is down or behind, and ``replica``, ``replica_lag_s`` and ``reads`` say so
+  (docs/deploy.md, "Read replica").
 - ``/metrics``: Prometheus text, for a bearer ``METRICS_TOKEN`` or an admin session.
 """
 
@@ -18,6 +20,8 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+
+from config.replica import replica_configured, replica_report
 
 # A probe that waits longer than its caller's timeout tells nobody anything.
 BROKER_TIMEOUT_S = 1.0
@@ -81,7 +85,9 @@ def readyz(request: HttpRequest) -> HttpResponse:
     gating = {"database": _database_check()}
     if settings.CELERY_BROKER_URL:
         gating["broker"] = _broker_check(settings.CELERY_BROKER_URL)
-    info = {"cache": _cache_check()} if settings.REDIS_URL else {}
+    info: dict[str, object] = {"cache": _cache_check()} if settings.REDIS_URL else {}
+    if replica_configured():
+        info.update(replica_report())
     ready = all(value == "ok" for value in gating.values())
     return JsonResponse(
         {"status": "ok" if ready else "unavailable", **gating, **info},
