@@ -89,12 +89,25 @@ def test_pages_and_the_finance_api_read_the_replica(replica: None, role_client: 
         assert seen.tables("primary") <= {"fleet_fleetsettings"}, (url, seen.primary)
         assert USAGE_TABLES & seen.tables("replica"), url
         assert cookie(response) is None, url  # reading pins nobody
-    # The heatmap's raw SQL (billing/selectors.py) ran on the replica, in its own transaction.
-    with captured() as seen:
-        finance.get("/fleet/heatmap/")
-    assert any("work_mem" in sql for sql in seen.replica)
-    assert not any("work_mem" in sql for sql in seen.primary)
     assert total(finance.get(COSTS)) == TOTAL_BEFORE
+
+
+def test_raw_sql_reads_go_where_the_orm_reads(replica: None) -> None:
+    # The stand-in's connection is read-only (as a standby's is), the primary's is not: that
+    # tells the two apart.
+    @rep.replica_reads
+    def read() -> tuple[str, str]:
+        with rep.read_cursor(atomic=True) as cursor:
+            cursor.execute("SET LOCAL work_mem = '64MB'")  # as billing/selectors.py does
+            cursor.execute(
+                "SELECT current_setting('work_mem'), current_setting('transaction_read_only')"
+            )
+            return cursor.fetchone()
+
+    assert read() == ("64MB", "on")
+    with rep.read_cursor() as cursor:  # outside a read scope: the primary
+        cursor.execute("SELECT current_setting('transaction_read_only')")
+        assert cursor.fetchone() == ("off",)
 
 
 def test_the_admin_and_probes_read_the_primary(replica: None, role_client: Any) -> None:
