@@ -229,6 +229,15 @@ def test_a_lagging_or_missing_replica_leaves_reads_on_the_primary(
     assert total(finance.get(COSTS)) == TOTAL_BEFORE  # the check just said down
 
 
+def test_metrics_say_where_reads_go(replica: None, client: Any, settings: Any) -> None:
+    settings.METRICS_TOKEN = "m3trics-t0ken"
+    auth = {"HTTP_AUTHORIZATION": "Bearer m3trics-t0ken"}
+    text = client.get("/metrics", **auth).content.decode()
+    # The stand-in answers but is no standby: reads stay on the primary, lag unknown. (A real
+    # standby's figures: test_replica_standby.py.)
+    assert "gpufleet_replica_reads 0.0" in text and "gpufleet_replica_lag_seconds" not in text
+
+
 def test_a_replica_that_fails_mid_request_is_answered_from_the_primary(
     replica: None, role_client: Any, caplog: Any
 ) -> None:

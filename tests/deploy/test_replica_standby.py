@@ -29,6 +29,7 @@ from config import replica as rep
 from fleet.models import FleetSettings
 from tests.billing import conftest as billing
 from tests.conftest import service_missing
+from tests.deploy.prometheus_tools import exposition_families, promtool_run
 from tests.deploy.replica_support import (
     USAGE_TABLES,
     Standby,
@@ -39,6 +40,7 @@ from tests.deploy.replica_support import (
     cookie,
     standby_build,
 )
+from tests.deploy.test_prometheus_conventions import REPLICA_METRICS
 
 EXAMPLE_DAY, EXAMPLE_NOW = billing.EXAMPLE_DAY, billing.EXAMPLE_NOW
 COSTS = f"/api/v1/costs?start={EXAMPLE_DAY}&end={EXAMPLE_DAY + dt.timedelta(days=1)}"
@@ -138,6 +140,12 @@ def test_reads_follow_a_real_standby_its_lag_and_its_outage(
         body = probe.get("/readyz").json()
         assert (body["replica"], body["reads"]) == ("ok", "replica")
         assert 0 <= body["replica_lag_s"] <= 10
+        settings.METRICS_TOKEN = "m3trics-t0ken"
+        text = probe.get("/metrics", HTTP_AUTHORIZATION="Bearer m3trics-t0ken").content.decode()
+        assert "gpufleet_replica_reads 1.0" in text
+        assert REPLICA_METRICS <= exposition_families(text)
+        result = promtool_run("check", "metrics", stdin=text)
+        assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
         # 5. The standby stops between two checks: the page is answered from the primary,
         # the replica counts as down, and /readyz still says ready (the primary serves reads).
