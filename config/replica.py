@@ -37,10 +37,10 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from django.conf import settings
 from django.core.cache import cache
@@ -53,7 +53,8 @@ from django.db import (
     transaction,
 )
 from django.db.backends.utils import CursorWrapper
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 
 logger = logging.getLogger(__name__)
 
@@ -304,14 +305,28 @@ def _pinned(request: HttpRequest) -> bool:
         return True
 
 
+def _in_scope(content: Iterable[T], scope: _Scope) -> Iterator[T]:
+    """``content``, each item pulled within ``scope`` (and the scope left after each)."""
+    items = iter(content)
+    while True:
+        token = _scope.set(scope)
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        finally:
+            _scope.reset(token)
+        yield item
+
+
 class ReplicaRoutingMiddleware:
     """Opens each request's read scope (see the module's docstring), watches the primary for
     writes, answers again from the primary when the replica failed, and pins whoever wrote."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if not replica_configured():
             return self.get_response(request)
         safe = request.method in SAFE_METHODS
@@ -337,9 +352,20 @@ class ReplicaRoutingMiddleware:
         url_name = getattr(request.resolver_match, "url_name", None)
         if scope.wrote or (not safe and url_name not in UNPINNED_URL_NAMES):
             self._pin(request, response)
+        if (
+            isinstance(response, StreamingHttpResponse)
+            and not response.is_async
+            and scope.replica_allowed
+        ):
+            # A streamed CSV computes its rows while the server sends it, after this method
+            # has returned: each row is read within the request's choice too.
+            content = cast(Iterator[bytes], response.streaming_content)  # not async: above
+            response.streaming_content = _in_scope(content, scope)
         return response
 
-    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+    def process_exception(
+        self, request: HttpRequest, exception: Exception
+    ) -> HttpResponseBase | None:
         """A view raised on reading the replica: run it again on the primary, before Django
         turns the error into a 500."""
         scope = _scope.get()
@@ -353,13 +379,13 @@ class ReplicaRoutingMiddleware:
         match = request.resolver_match
         if match is None:
             return None
-        response: HttpResponse = match.func(request, *match.args, **match.kwargs)
+        response: HttpResponseBase = match.func(request, *match.args, **match.kwargs)
         render = getattr(response, "render", None)
         if callable(render):  # a TemplateResponse: Django renders it only before this hook
             response = render()
         return response
 
-    def _respond(self, request: HttpRequest, scope: _Scope) -> HttpResponse:
+    def _respond(self, request: HttpRequest, scope: _Scope) -> HttpResponseBase:
         if not scope.replica_allowed:
             return self.get_response(request)
 
@@ -373,7 +399,7 @@ class ReplicaRoutingMiddleware:
         with connections[PRIMARY].execute_wrapper(watch):
             return self.get_response(request)
 
-    def _pin(self, request: HttpRequest, response: HttpResponse) -> None:
+    def _pin(self, request: HttpRequest, response: HttpResponseBase) -> None:
         sticky_s = settings.REPLICA_STICKY_S
         key = _pin_key(request)
         if key is None:  # a browser

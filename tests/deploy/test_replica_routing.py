@@ -92,6 +92,19 @@ def test_pages_and_the_finance_api_read_the_replica(replica: None, role_client: 
     assert total(finance.get(COSTS)) == TOTAL_BEFORE
 
 
+def test_a_streamed_csv_reads_the_replica_while_it_streams(
+    replica: None, role_client: Any
+) -> None:
+    finance = role_client("finance")
+    with captured() as seen:
+        response = finance.get(COSTS + "&format=csv")
+        assert response.streaming  # its rows are computed while it is sent
+        body = b"".join(response.streaming_content).decode()
+    assert "GPU-example" in body and TOTAL_BEFORE in body
+    assert USAGE_TABLES & seen.tables("replica")
+    assert seen.tables("primary") <= {"fleet_fleetsettings"}, seen.primary
+
+
 def test_raw_sql_reads_go_where_the_orm_reads(replica: None) -> None:
     # The stand-in's connection is read-only (as a standby's is), the primary's is not: that
     # tells the two apart.
