@@ -92,9 +92,7 @@ def test_pages_and_the_finance_api_read_the_replica(replica: None, role_client: 
     assert total(finance.get(COSTS)) == TOTAL_BEFORE
 
 
-def test_a_streamed_csv_reads_the_replica_while_it_streams(
-    replica: None, role_client: Any
-) -> None:
+def test_a_streamed_csv_reads_the_replica_while_it_streams(replica: None, role_client: Any) -> None:
     finance = role_client("finance")
     with captured() as seen:
         response = finance.get(COSTS + "&format=csv")
