@@ -1,8 +1,8 @@
 """Reads from a real PostgreSQL streaming standby of the test database (docs/deploy.md, "Read
 replica"): built with pg_basebackup into a temporary folder and started on another port.
 
-One test walks the whole life of a replica, because building it costs seconds: the finance
-API's figures read from the standby; a write on the primary that the standby has not replayed
+One test walks the whole life of a replica, because building it costs seconds: every dashboard
+page and finance API read answers from the standby what it answers from the primary; a write on the primary that the standby has not replayed
 yet (replay paused) is invisible to another reader and visible to the writer; past
 ``REPLICA_MAX_LAG_S`` everyone reads the primary and /readyz says the replica lags; replay
 resumes and reads go back; the standby stops and reads fall back with no error.
@@ -14,6 +14,7 @@ that cannot be built fails the test; elsewhere it skips, saying why.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +40,7 @@ from tests.deploy.replica_support import (
     captured,
     cookie,
     standby_build,
+    state_set,
 )
 from tests.deploy.test_prometheus_conventions import REPLICA_METRICS
 
@@ -72,6 +74,32 @@ def standby(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Standby | 
         built.destroy()
 
 
+# The dashboard pages and the finance API's reads (the money ones for finance).
+READ_PATHS = [
+    "/",
+    "/fleet/",
+    "/fleet/heatmap/",
+    "/chargeback/",
+    "/breakeven/",
+    "/gpus/GPU-example/",
+    "/alerts/",
+    *(f"{COSTS}&group_by={g}" for g in ("gpu", "node", "pool", "team", "site", "model", "fleet")),
+    *(f"{COSTS}&period={p}" for p in ("day", "week", "month")),
+    f"{COSTS}&format=csv",
+    f"/api/v1/breakeven?pool=inference&tokens_per_s=2000&api_price_per_mtok=0.6"
+    f"&start={EXAMPLE_DAY}&end={EXAMPLE_DAY + dt.timedelta(days=1)}",
+    "/api/v1/gpus",
+    "/api/v1/cost-profiles",
+    "/api/v1/alerts",
+]
+
+
+def normalised(response: Any) -> tuple[int, bytes]:
+    """Status and body, less what differs on every request (the CSRF token's mask)."""
+    body = b"".join(response.streaming_content) if response.streaming else response.content
+    return response.status_code, re.sub(rb'(csrfmiddlewaretoken" value=")[^"]+', rb"\1", body)
+
+
 def total(response: Any) -> str:
     assert response.status_code == 200, response.content
     (row,) = response.json()["results"]
@@ -94,6 +122,16 @@ def test_reads_follow_a_real_standby_its_lag_and_its_outage(
     reader.force_login(make_user("finance"))
     standby.wait_replayed()  # the example and both sessions are on the standby now
     rep.replica_forget()
+    # 0. Every read path answers from the standby exactly what it answers from the primary.
+    with time_machine.travel(EXAMPLE_NOW, tick=False):
+        for url in READ_PATHS:
+            state_set("down")  # the primary
+            expected = normalised(reader.get(url))
+            state_set("ok")
+            with captured() as seen:
+                answer = normalised(reader.get(url))
+            assert answer == expected and expected[0] == 200, url
+            assert seen.tables("replica") and seen.tables("primary") <= {"fleet_fleetsettings"}
     with time_machine.travel(EXAMPLE_NOW, tick=True):
         # 1. The replica alias is the standby, a server in recovery on its own port.
         with connections["replica"].cursor() as cursor:
