@@ -334,9 +334,11 @@ class ReplicaRoutingMiddleware:
         scope = _Scope(replica_allowed=allowed)
         token = _scope.set(scope)
         try:
-            if allowed:
-                replica = connections[REPLICA]
-                if replica.errors_occurred:  # left by an earlier request on this thread
+            replica = connections[REPLICA] if allowed else None
+            if replica is not None and replica.errors_occurred:  # an earlier request's
+                if replica.connection is None:
+                    replica.errors_occurred = False  # closed since: the next connect is new
+                else:
                     replica.close_if_unusable_or_obsolete()
             response = self._respond(request, scope)
             failed = scope.used_replica and connections[REPLICA].errors_occurred
