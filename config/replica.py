@@ -227,7 +227,7 @@ def replica_check() -> ReplicaState:
         with connections[REPLICA].cursor() as cursor:
             cursor.execute(_LAG_SQL, [primary_lsn])
             in_recovery, caught_up, behind_s = cursor.fetchone()
-    except DatabaseError as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the failure, reads must not go there
         _replica_close()
         state = ReplicaState("down", None, time.monotonic(), _error(exc))
     else:

@@ -31,6 +31,9 @@ from config import replica as rep
 USAGE_TABLES = {"telemetry_hourlyusage", "telemetry_dailyusage"}
 
 
+_before: dict[str, Any] = {}  # the alias the settings had, while a test's stands in
+
+
 def alias_add(*, host: str | None = None, port: int | None = None) -> None:
     """The ``replica`` alias: the test database, on ``host:port`` when given."""
     conf = copy.deepcopy(connections["default"].settings_dict)
@@ -44,11 +47,13 @@ def alias_add(*, host: str | None = None, port: int | None = None) -> None:
         "options": "-c default_transaction_read_only=on",
     }
     conf["TEST"] = {**conf["TEST"], "MIRROR": "default"}
+    _before.setdefault("conf", connections.settings.get(rep.REPLICA))
+    _alias_close()
     connections.settings[rep.REPLICA] = conf
     rep.replica_forget()
 
 
-def alias_remove() -> None:
+def _alias_close() -> None:
     if rep.REPLICA not in connections.settings:
         return
     try:
@@ -59,7 +64,16 @@ def alias_remove() -> None:
         del connections[rep.REPLICA]
     except AttributeError:  # never opened in this thread
         pass
-    del connections.settings[rep.REPLICA]
+
+
+def alias_remove() -> None:
+    """Back to the settings' own ``replica`` alias (none, unless DATABASE_REPLICA_URL is set)."""
+    _alias_close()
+    before = _before.pop("conf", None)
+    if before is None:
+        connections.settings.pop(rep.REPLICA, None)
+    else:
+        connections.settings[rep.REPLICA] = before
     rep.replica_forget()
 
 

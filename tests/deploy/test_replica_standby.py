@@ -2,10 +2,11 @@
 replica"): built with pg_basebackup into a temporary folder and started on another port.
 
 One test walks the whole life of a replica, because building it costs seconds: every dashboard
-page and finance API read answers from the standby what it answers from the primary; a write on the primary that the standby has not replayed
-yet (replay paused) is invisible to another reader and visible to the writer; past
-``REPLICA_MAX_LAG_S`` everyone reads the primary and /readyz says the replica lags; replay
-resumes and reads go back; the standby stops and reads fall back with no error.
+page and finance API read answers from the standby what it answers from the primary; a write
+on the primary that the standby has not replayed yet (replay paused) is invisible to another
+reader and visible to the writer; past ``REPLICA_MAX_LAG_S`` everyone reads the primary and
+/readyz says the replica lags; replay resumes and reads go back; the standby stops and reads
+fall back with no error.
 
 Needs replication connections from loopback (``.ci/run`` allows them in CI). In CI a standby
 that cannot be built fails the test; elsewhere it skips, saying why.
