@@ -139,7 +139,8 @@ if DATABASE_REPLICA_URL:
     # Test runs have no replica of their test database: the alias reads the same one.
     _replica["TEST"] = {"MIRROR": "default"}
     DATABASES["replica"] = _replica
-DATABASE_ROUTERS = ["config.replica.ReplicaRouter"]
+# Without a replica, no router: Django's own choice (the default database) costs nothing.
+DATABASE_ROUTERS = ["config.replica.ReplicaRouter"] if DATABASE_REPLICA_URL else []
 
 # --- Cache, broker, Celery ------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")

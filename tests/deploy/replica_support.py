@@ -27,6 +27,8 @@ from django.test.utils import CaptureQueriesContext
 
 from config import replica as rep
 
+# What the settings install with DATABASE_REPLICA_URL (the tests add the replica later).
+ROUTERS = ["config.replica.ReplicaRouter"]
 # The rollup tables the figures are summed from (daily ones where they are kept).
 USAGE_TABLES = {"telemetry_hourlyusage", "telemetry_dailyusage"}
 

@@ -25,6 +25,7 @@ from fleet.models import FleetSettings, Gpu
 from fleet.services import api_token_issue
 from tests.billing import conftest as billing
 from tests.deploy.replica_support import (
+    ROUTERS,
     USAGE_TABLES,
     alias_add,
     alias_remove,
@@ -61,6 +62,7 @@ def _stand_in(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
 @pytest.fixture
 def replica(worked_example: Any, postgres: Any, settings: Any) -> Iterator[None]:
     """The stand-in replica, healthy; checks never expire unless a test says so."""
+    settings.DATABASE_ROUTERS = ROUTERS
     settings.REPLICA_CHECK_INTERVAL_S = 3600
     settings.REPLICA_MAX_LAG_S = 10
     settings.REPLICA_STICKY_S = 16

@@ -33,6 +33,7 @@ from tests.billing import conftest as billing
 from tests.conftest import service_missing
 from tests.deploy.prometheus_tools import exposition_families, promtool_run
 from tests.deploy.replica_support import (
+    ROUTERS,
     USAGE_TABLES,
     Standby,
     StandbyError,
@@ -115,6 +116,7 @@ def test_reads_follow_a_real_standby_its_lag_and_its_outage(
     settings: Any,
 ) -> None:
     assert standby is not None
+    settings.DATABASE_ROUTERS = ROUTERS
     settings.REPLICA_CHECK_INTERVAL_S = 3600  # each step below decides when to check
     settings.REPLICA_MAX_LAG_S = 3600
     FleetSettings.load()

@@ -182,6 +182,14 @@ def test_a_replica_url_adds_a_read_only_replica_that_tests_mirror() -> None:
     assert sticky == 3 + 2 + 1  # the lag limit plus the check interval, plus a second
 
 
+def test_without_a_replica_there_is_no_router() -> None:
+    code = (
+        "import json; from django.conf import settings as s; print(json.dumps(s.DATABASE_ROUTERS))"
+    )
+    result = run([sys.executable, "-c", code], _settings_env())
+    assert (result.returncode, json.loads(result.stdout)) == (0, []), result.stderr
+
+
 def test_a_replica_needs_postgresql() -> None:
     result = run(
         [sys.executable, "-c", "import django; django.setup()"],
