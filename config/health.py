@@ -4,10 +4,12 @@
   depends on another service, so an outage elsewhere does not restart healthy web processes.
 - ``/readyz``: the database and the broker answer (503 otherwise). For deploy gates, readiness
   probes and alerting. The cache is reported but does not gate: ingest works without it
-  (DESIGN.md §5). Nor does the read replica, where one is set: reads fall back to the primary
-  when it is down or behind, and ``replica``, ``replica_lag_s`` and ``reads`` say so
-  (docs/deploy.md, "Read replica").
+  (DESIGN.md §5).
 - ``/metrics``: Prometheus text, for a bearer ``METRICS_TOKEN`` or an admin session.
+
+Where a read replica is set, ``/readyz`` reports it (``replica``, ``replica_lag_s``, ``reads``)
+without gating on it: reads fall back to the primary when it is down or behind (docs/deploy.md,
+"Read replica").
 """
 
 from __future__ import annotations
