@@ -37,6 +37,7 @@ from billing import breakeven as be
 from billing import report_chart, selectors
 from billing.formatting import MISSING, money, pct
 from billing.models import WeeklyReport
+from config.replica import replica_reads
 from fleet.bounds import date_error
 from fleet.models import FleetSettings, Gpu, Pool
 
@@ -418,8 +419,10 @@ def _offline(
     return out
 
 
+@replica_reads
 def weekly_report_build(*, week_start: dt.date, now: dt.datetime | None = None) -> WeeklyReportData:
-    """Everything the report says about the ISO week starting ``week_start`` (a Monday)."""
+    """Everything the report says about the ISO week starting ``week_start`` (a Monday). It
+    only reads: from the read replica, where one is set and healthy."""
     now = now or timezone.now()
     _, zone = report_now(now)
     end = week_start + dt.timedelta(weeks=1)

@@ -31,3 +31,8 @@ def env_int(name: str, default: int) -> int:
 
 def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
+
+
+def env_float(name: str, default: float) -> float:
+    raw = env_str(name, "")
+    return float(raw) if raw.strip() else default

@@ -6,6 +6,10 @@
   probes and alerting. The cache is reported but does not gate: ingest works without it
   (docs/reliability.md).
 - ``/metrics``: Prometheus text, for a bearer ``METRICS_TOKEN`` or an admin session.
+
+Where a read replica is set, ``/readyz`` reports it (``replica``, ``replica_lag_s``, ``reads``)
+without gating on it: reads fall back to the primary when it is down or behind (docs/deploy.md,
+"Read replica").
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+
+from config.replica import replica_configured, replica_report
 
 # A probe that waits longer than its caller's timeout tells nobody anything.
 BROKER_TIMEOUT_S = 1.0
@@ -81,7 +87,9 @@ def readyz(request: HttpRequest) -> HttpResponse:
     gating = {"database": _database_check()}
     if settings.CELERY_BROKER_URL:
         gating["broker"] = _broker_check(settings.CELERY_BROKER_URL)
-    info = {"cache": _cache_check()} if settings.REDIS_URL else {}
+    info: dict[str, object] = {"cache": _cache_check()} if settings.REDIS_URL else {}
+    if replica_configured():
+        info.update(replica_report())
     ready = all(value == "ok" for value in gating.values())
     return JsonResponse(
         {"status": "ok" if ready else "unavailable", **gating, **info},

@@ -18,7 +18,9 @@ What an operator alerts on (docs/deploy.md):
   and waits for an operator (the log has the error; the admin puts it back in the queue);
 - ``rate(gpufleet_ingest_samples_rejected_total[5m])`` > 0: an agent sends bad data;
 - ``time() - gpufleet_node_last_seen_timestamp_seconds`` > a few intervals: an agent is away;
-- ``increase(gpufleet_agent_spool_dropped_samples_total[1h])`` > 0: data was lost on a node.
+- ``increase(gpufleet_agent_spool_dropped_samples_total[1h])`` > 0: data was lost on a node;
+- ``gpufleet_replica_reads`` == 0 for minutes: the read replica is down or behind, and the
+  primary carries every read again.
 """
 
 from __future__ import annotations
@@ -185,6 +187,7 @@ class FleetCollector:
         yield from self._counters()
         yield from self._rollups()
         yield from self._nodes()
+        yield from self._replica()
 
     def _build(self) -> Iterator[Metric]:
         yield InfoMetricFamily(
@@ -276,6 +279,25 @@ class FleetCollector:
         yield dropped_family
         yield last_seen_family
         yield info_family
+
+    def _replica(self) -> Iterator[Metric]:
+        from config.replica import replica_check, replica_configured
+
+        if not replica_configured():
+            return
+        state = replica_check()
+        yield GaugeMetricFamily(
+            "gpufleet_replica_reads",
+            "1 while reads go to the read replica, 0 while they fall back to the primary "
+            "(the replica is down, lagging or not a standby).",
+            value=1 if state.usable else 0,
+        )
+        if state.lag_s is not None:
+            yield GaugeMetricFamily(
+                "gpufleet_replica_lag_seconds",
+                "How far the read replica is behind the primary (absent while unknown).",
+                value=round(state.lag_s, 3),
+            )
 
 
 # Only this collector: the library's default process and platform collectors describe one

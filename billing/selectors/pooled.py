@@ -8,11 +8,10 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db import connection, transaction
-
 from billing import cost_model as cm
 from billing.selectors.calendar import _local_midnight
 from billing.selectors.types import _Bucket, _GpuInfo, _Segment
+from config.replica import read_cursor
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 
 
@@ -146,7 +145,7 @@ def _pooled_segments(
     observed_s: dict[tuple[int, dt.date], float] = defaultdict(float)
     segments: list[_Segment] = []
     over: list[tuple[Any, ...]] = []
-    with transaction.atomic(), connection.cursor() as cursor:
+    with read_cursor(atomic=True) as cursor:
         # Hashing a large fleet's class-days (1,000 GPUs × 90 days) outgrows the default
         # 4 MB; and one process, not parallel workers, sums each group, so its sums are
         # taken in the same order on every run. This statement's transaction only.

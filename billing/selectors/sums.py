@@ -17,6 +17,7 @@ from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight
 from billing.selectors.loading import _load, _Loaded
 from billing.selectors.pooled import _poolable, _pooled_segments
 from billing.selectors.types import Filters, _Computation, _GpuInfo, _Names, _Segment
+from config.replica import read_cursor
 from fleet.models import Node
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 from telemetry.models import DailyUsage, HourlyUsage
@@ -41,7 +42,7 @@ def _summed(rows: QuerySet[Any], fields: list[str]) -> list[dict[str, Any]]:
         # fleets are small).
         return list(summed)
     query = summed.query
-    with connection.cursor() as cursor:
+    with read_cursor() as cursor:
         cursor.execute(*query.sql_with_params())
         names = [column.name for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]

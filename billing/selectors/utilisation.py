@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db import connection, transaction
 from django.db.models import QuerySet, Sum
 from django.db.models.functions import TruncDay
 from django.utils import timezone
@@ -17,6 +16,7 @@ from billing.selectors.calendar import _buckets, _local_midnight, _report_zone
 from billing.selectors.loading import _daily_zone, _gpu_info, _gpu_rows, _names_load, _Rates
 from billing.selectors.sums import _by_attribution, _filtered, _kept
 from billing.selectors.types import Filters, _Bucket, _GpuInfo, _validate
+from config.replica import read_cursor
 from fleet.models import FleetSettings, Gpu
 from telemetry.models import DailyUsage, HourlyUsage
 
@@ -147,7 +147,7 @@ def _utilization_sql(
     if not gpus:
         return []
     params, _ = _utilization_params(load, start=start, end=end)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with read_cursor(atomic=True) as cursor:
         # A GPU-day hash of a large fleet (1,000 × 90) outgrows the default 4 MB and would
         # spill to disk; this statement only, in this transaction.
         cursor.execute("SET LOCAL work_mem = '64MB'")
@@ -317,7 +317,7 @@ def utilization_listed(
     idle = [gpu_id for gpu_id, serving in in_service.items() if not serving]
     with_rows: set[int] = set()
     if idle:
-        with connection.cursor() as cursor:
+        with read_cursor() as cursor:
             cursor.execute(_UTILIZATION_ROWS_SQL, {**params, "ids": idle})
             with_rows = {gpu_id for (gpu_id,) in cursor.fetchall()}
     return [

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import django_stubs_ext
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_int, env_list, env_str
+from config.env import env_bool, env_float, env_int, env_list, env_str
 
 # Lets admin classes and querysets be subscripted at run time (ModelAdmin[Site]).
 django_stubs_ext.monkeypatch()
@@ -50,6 +51,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "config.middleware.RequestIdMiddleware",
     "config.middleware.ContentSecurityPolicyMiddleware",
+    # Before sessions and auth: their reads follow the request's choice of database too.
+    "config.replica.ReplicaRoutingMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -110,6 +113,35 @@ else:
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+
+# Optional PostgreSQL streaming replica for the pages', the finance API's and the weekly
+# report's reads (config/replica.py, docs/deploy.md "Read replica").
+DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL", "")
+# Reads fall back to the primary while the replica is further behind than this.
+REPLICA_MAX_LAG_S = env_float("REPLICA_MAX_LAG_S", 10.0)
+# How often each process asks the replica how far behind it is.
+REPLICA_CHECK_INTERVAL_S = env_float("REPLICA_CHECK_INTERVAL_S", 5.0)
+# Whoever wrote reads the primary this long after. The default is the longest a replica the
+# router still reads can be behind (the limit, plus the age of the check that allowed it).
+REPLICA_STICKY_S = env_int(
+    "REPLICA_STICKY_S", int(REPLICA_MAX_LAG_S + REPLICA_CHECK_INTERVAL_S) + 1
+)
+if DATABASE_REPLICA_URL:
+    _replica = environ.Env.db_url_config(DATABASE_REPLICA_URL)
+    if not IS_POSTGRES or _replica["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL needs PostgreSQL for it and DATABASE_URL")
+    _replica.setdefault("CONN_MAX_AGE", DATABASES["default"]["CONN_MAX_AGE"])
+    _replica["CONN_HEALTH_CHECKS"] = True
+    _options = _replica.setdefault("OPTIONS", {})
+    # A replica that is away costs the request that checks it this long (libpq's minimum is 2).
+    _options["connect_timeout"] = env_int("REPLICA_CONNECT_TIMEOUT", 2)
+    # A write sent there by mistake fails loudly, also on a server that is no standby.
+    _options.setdefault("options", "-c default_transaction_read_only=on")
+    # Test runs have no replica of their test database: the alias reads the same one.
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES["replica"] = _replica
+# Without a replica, no router: Django's own choice (the default database) costs nothing.
+DATABASE_ROUTERS = ["config.replica.ReplicaRouter"] if DATABASE_REPLICA_URL else []
 
 # --- Cache, broker, Celery ------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")

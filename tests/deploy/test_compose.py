@@ -378,6 +378,7 @@ def test_deploy_doc_covers_what_operators_need() -> None:
         "/healthz",
         "/readyz",
         "/metrics",
+        "database_replica_url",
         "request_id",
         "node",
     ):

@@ -14,7 +14,7 @@ REDIS_URL CELERY_BROKER_URL EMAIL_HOST EMAIL_PORT EMAIL_HOST_USER EMAIL_HOST_PAS
 DEFAULT_FROM_EMAIL RAW_RETENTION_DAYS INGEST_MAX_SAMPLES INGEST_MAX_BODY_BYTES
 WEEKLY_REPORT_RECIPIENTS""".split()
 
-_ENV_CALL = re.compile(r"\benv_(?:str|int|bool|list)\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']")
+_ENV_CALL = re.compile(r"\benv_(?:str|int|float|bool|list)\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']")
 _OS_ENV = re.compile(
     r"os\.(?:environ\.get|environ\.setdefault|getenv)\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']"
     r"|os\.environ\[\s*[\"']([A-Z][A-Z0-9_]*)[\"']\s*\]"

@@ -144,3 +144,56 @@ for name, morsel in tls.cookies.items():
     assert "csp True" in lines
     cookies = [line for line in lines if line.startswith("cookie ")]
     assert cookies and all(line.endswith(" True") for line in cookies)
+
+
+def _settings_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _SCRUB and not k.startswith(("DATABASE_", "REPLICA_"))
+    }
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    env["GPUFLEET_VAR_DIR"] = env.get("GPUFLEET_VAR_DIR", "/tmp/gpufleet-deploy-test")
+    env.update(extra)
+    return env
+
+
+def test_a_replica_url_adds_a_read_only_replica_that_tests_mirror() -> None:
+    code = (
+        "import json; from django.conf import settings as s; r = s.DATABASES['replica'];"
+        "print(json.dumps([r['HOST'], r['PORT'], r['NAME'], r['OPTIONS'], r['TEST'],"
+        " r['CONN_HEALTH_CHECKS'], s.DATABASE_ROUTERS, s.REPLICA_STICKY_S]))"
+    )
+    result = run(
+        [sys.executable, "-c", code],
+        _settings_env(
+            DATABASE_URL="postgres://app@primary:5432/gpufleet",
+            DATABASE_REPLICA_URL="postgres://app@standby:5433/gpufleet",
+            REPLICA_MAX_LAG_S="3",
+            REPLICA_CHECK_INTERVAL_S="2",
+        ),
+    )
+    assert result.returncode == 0, result.stderr
+    host, port, name, options, test, health, routers, sticky = json.loads(result.stdout)
+    assert (host, int(port), name) == ("standby", 5433, "gpufleet")
+    assert options == {"connect_timeout": 2, "options": "-c default_transaction_read_only=on"}
+    assert test == {"MIRROR": "default"} and health is True
+    assert routers == ["config.replica.ReplicaRouter"]
+    assert sticky == 3 + 2 + 1  # the lag limit plus the check interval, plus a second
+
+
+def test_without_a_replica_there_is_no_router() -> None:
+    code = (
+        "import json; from django.conf import settings as s; print(json.dumps(s.DATABASE_ROUTERS))"
+    )
+    result = run([sys.executable, "-c", code], _settings_env())
+    assert (result.returncode, json.loads(result.stdout)) == (0, []), result.stderr
+
+
+def test_a_replica_needs_postgresql() -> None:
+    result = run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        _settings_env(DATABASE_REPLICA_URL="postgres://app@standby:5433/gpufleet"),
+    )
+    assert result.returncode != 0
+    assert "DATABASE_REPLICA_URL needs PostgreSQL" in result.stderr
