@@ -16,6 +16,8 @@ from zoneinfo import ZoneInfo
 from rest_framework import serializers
 
 from billing.cost_model import money_round
+from billing.focus import DEFAULT_VERSION as FOCUS_DEFAULT_VERSION
+from billing.focus import VERSIONS as FOCUS_VERSIONS
 from billing.models import CostProfile
 from billing.selectors import PERIODS, BreakevenResult, CostRow
 from fleet.bounds import DATE_RANGE_TEXT, date_validator
@@ -220,6 +222,14 @@ class CostsQuerySerializer(RangeQuerySerializer):
 
     def validate_model(self, value: list[str]) -> list[str]:
         return _known(value, GpuModel, "key", "model")
+
+
+class FocusQuerySerializer(RangeQuerySerializer):
+    version = serializers.ChoiceField(
+        choices=FOCUS_VERSIONS,
+        default=FOCUS_DEFAULT_VERSION,
+        help_text="FOCUS version of the columns: 1.2 (what FinOps tools import today) or 1.0.",
+    )
 
 
 class CostRowSerializer(serializers.Serializer[Any]):

@@ -156,6 +156,10 @@ TABLE: dict[str, list[Check]] = {
         Check("GET", "/api/v1/costs", COSTS),
         Check("GET", "/api/v1/costs?format=csv", COSTS),
     ],
+    "api/v1/focus": [
+        Check("GET", "/api/v1/focus", COSTS),
+        Check("GET", "/api/v1/focus?version=1.0", COSTS),
+    ],
     "api/v1/breakeven": [
         Check(
             "GET",
