@@ -1,0 +1,65 @@
+"""Period figures (DESIGN.md §3 and §7) for the dashboard, the finance API and the email.
+
+How a figure is made, and why this way:
+- Only hourly rollups (``telemetry.HourlyUsage``) are read, never the raw table; they are
+  summed in SQL per GPU, period bucket, stored attribution (node, pool, team, site as it was
+  in that hour) and depreciation phase. The number of queries is fixed (about eight),
+  whatever the number of GPUs.
+- Capacity, offline hours and every cost come from ``billing.cost_model`` per GPU, in Python;
+  groups (node, pool, team, site, model, fleet) are sums of those per-GPU pieces, so a group's
+  figure is always the sum of its parts and ratios are ratios of sums.
+- Offline hours (capacity with no samples) belong to the GPU's *current* node, pool, team
+  and site: nothing was stored for them.
+- An owned GPU's rate drops when depreciation ends. The rollup hours are split in SQL into the
+  hours before the one that contains that moment (phase 0), that hour (1) and the hours after
+  (2); each phase has one rate, that of hour 1 being its pro-rata mean. Phase 0 is the only
+  phase of rented GPUs and of GPUs without a profile.
+- Buckets (day, ISO week, month) are in the report time zone. Rollups are UTC hours, so a zone
+  whose offset is not a whole number of hours in the query is approximated by a fixed offset
+  rounded to the hour (DESIGN.md §7).
+
+Money is Decimal in full precision (round only when shown); hours are floats.
+"""
+
+from billing.selectors.breakeven import BreakevenResult, breakeven_compute
+from billing.selectors.costs import (
+    FleetSummary,
+    cost_rows,
+    cost_rows_by,
+    fleet_overview,
+    fleet_summary,
+    fleet_trend,
+)
+from billing.selectors.types import (
+    GROUP_BY,
+    OFFLINE_NOW_AFTER,
+    PERIODS,
+    THROTTLE_REASONS,
+    UNASSIGNED_NAME,
+    CostRow,
+    Filters,
+    offline_now,
+)
+from billing.selectors.utilisation import UtilizationRow, utilization_by_day, utilization_listed
+
+__all__ = [
+    "GROUP_BY",
+    "OFFLINE_NOW_AFTER",
+    "PERIODS",
+    "THROTTLE_REASONS",
+    "UNASSIGNED_NAME",
+    "BreakevenResult",
+    "CostRow",
+    "Filters",
+    "FleetSummary",
+    "UtilizationRow",
+    "breakeven_compute",
+    "cost_rows",
+    "cost_rows_by",
+    "fleet_overview",
+    "fleet_summary",
+    "fleet_trend",
+    "offline_now",
+    "utilization_by_day",
+    "utilization_listed",
+]

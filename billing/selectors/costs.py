@@ -1,0 +1,356 @@
+"""Cost rows: segments grouped and accumulated through the cost model; the fleet
+summary and the overview."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass
+from decimal import Decimal
+
+from billing import cost_model as cm
+from billing.selectors.loading import _load
+from billing.selectors.sums import _compute, _kept
+from billing.selectors.types import (
+    UNASSIGNED_NAME,
+    CostRow,
+    Filters,
+    _Acc,
+    _Bucket,
+    _Computation,
+    _Names,
+    _Segment,
+    _validate,
+    offline_now,
+)
+from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
+
+
+# --- grouping -------------------------------------------------------------------------------
+def _group(segment: _Segment, group_by: str, names: _Names) -> tuple[str, str]:
+    """(key, name) of the group a segment belongs to."""
+    gpu = segment.gpu
+    if group_by == "gpu":
+        return gpu.uuid, gpu.label
+    if group_by == "model":
+        return gpu.model_key, gpu.model_name
+    if group_by == "fleet":
+        return "fleet", "Fleet"
+    if group_by == "site":
+        found: str | None = names.site(segment.site_id).name
+    else:
+        ids = {"node": segment.node_id, "pool": segment.pool_id, "team": segment.team_id}
+        table = {"node": names.nodes, "pool": names.pools, "team": names.teams}[group_by]
+        found = table.get(ids[group_by] or 0)
+    return (found, found) if found else ("", UNASSIGNED_NAME)
+
+
+_ZERO = Decimal(0)
+
+
+def _accumulate(acc: _Acc, segment: _Segment, names: _Names) -> None:
+    """Add one segment's hours and money to ``acc`` through the cost model.
+
+    The cost model's formulas (``hours_from_seconds``, ``kwh_from_joules``,
+    ``fixed_cost_at_rate``, ``energy_cost``, ``idle_cost``, ``co2e_kg``) are written out
+    here operation for operation, on the same Decimals in the same order, so the figures are
+    identical; this runs once per GPU, bucket and phase, and the calls and repeated
+    float → Decimal conversions were most of a dashboard page's time."""
+    gpu, sums = segment.gpu, segment.sums
+    site = names.site(segment.site_id)
+    rate = gpu.rates[segment.phase]
+    terms = gpu.terms
+    rented = terms is not None and terms.kind == cm.RENTED
+    offline_h = segment.offline_h
+    capacity_h = cm.to_decimal(sums["observed_s"]) / cm.SECONDS_PER_HOUR + offline_h
+    energy_kwh = cm.to_decimal(sums["energy_j"]) / cm.JOULES_PER_KWH
+    idle_energy_kwh = cm.to_decimal(sums["idle_energy_j"]) / cm.JOULES_PER_KWH
+    air_h = cm.to_decimal(sums["air_s"]) / cm.SECONDS_PER_HOUR
+    if capacity_h > 0:
+        acc.gpu_ids.add(gpu.id)
+    acc.capacity_h += capacity_h
+    if not rented:
+        acc.owned_capacity_h += capacity_h
+    acc.offline_h += offline_h
+    acc_sums = acc.sums
+    for name in _SUM_FIELDS:
+        acc_sums[name] += sums[name]
+    acc.energy_kwh += energy_kwh
+    acc.idle_energy_kwh += idle_energy_kwh
+    acc.fixed_cost += rate * capacity_h
+    pue = cm.to_decimal(site.pue)
+    if rented:  # the rate includes energy
+        energy_cost = idle_energy_cost = _ZERO
+    else:
+        price = cm.to_decimal(site.price_per_kwh)
+        energy_cost = energy_kwh * pue * price
+        idle_energy_cost = idle_energy_kwh * pue * price
+    acc.energy_cost += energy_cost
+    acc.idle_cost += rate * (capacity_h - air_h) + idle_energy_cost
+    acc.co2e_kg += float(energy_kwh * pue * cm.to_decimal(site.grid_g_per_kwh) / cm.GRAMS_PER_KG)
+    if terms is None or site.name is None:
+        acc.priced = False
+    if gpu.max_power_w is not None and gpu.idle_power_w is not None:
+        capacity_f = float(capacity_h)
+        acc.nominal_max_w_h += gpu.max_power_w * capacity_f
+        acc.nominal_idle_w_h += gpu.idle_power_w * capacity_f
+        acc.nominal_h += capacity_f
+
+
+def _hours(seconds: float) -> float:
+    return float(cm.hours_from_seconds(seconds=seconds))
+
+
+def _cost_row(
+    acc: _Acc,
+    *,
+    key: str,
+    name: str,
+    local_start: dt.datetime,
+    local_end: dt.datetime,
+    currency: str,
+) -> CostRow:
+    s = acc.sums
+    air_h = cm.hours_from_seconds(seconds=s["air_s"])
+    observed_h = cm.hours_from_seconds(seconds=s["observed_s"])
+    total = cm.total_cost(fixed_cost=acc.fixed_cost, energy_cost=acc.energy_cost)
+    return CostRow(
+        key=key,
+        name=name,
+        period_start=local_start,
+        period_end=local_end,
+        gpu_count=len(acc.gpu_ids),
+        capacity_hours=float(acc.capacity_h),
+        observed_hours=float(observed_h),
+        air_hours=float(air_h),
+        held_hours=_hours(s["held_s"]),
+        parked_hours=_hours(s["parked_s"]),
+        offline_hours=float(acc.offline_h),
+        utilization=cm.utilization(air_hours=air_h, capacity_hours=acc.capacity_h),
+        hours_in_air_per_day=cm.hours_in_air_per_day(
+            air_hours=air_h, capacity_hours=acc.capacity_h
+        ),
+        energy_kwh=float(acc.energy_kwh),
+        idle_energy_kwh=float(acc.idle_energy_kwh),
+        energy_per_gpu_hour_kwh=cm.energy_per_gpu_hour_kwh(
+            energy_kwh=acc.energy_kwh, observed_hours=observed_h
+        ),
+        kwh_per_air_hour=cm.kwh_per_air_hour(energy_kwh=acc.energy_kwh, air_hours=air_h),
+        fixed_cost=acc.fixed_cost,
+        energy_cost=acc.energy_cost,
+        total_cost=total,
+        idle_cost=acc.idle_cost,
+        cost_per_air_hour=cm.cost_per_air_hour(total_cost=total, air_hours=air_h),
+        co2e_kg=acc.co2e_kg,
+        throttled_hours=_hours(s["throttle_any_s"]),
+        throttled_power_cap_hours=_hours(s["throttle_power_cap_s"]),
+        throttled_thermal_hours=_hours(s["throttle_thermal_s"]),
+        throttled_hw_slowdown_hours=_hours(s["throttle_hw_slowdown_s"]),
+        throttled_other_hours=_hours(s["throttle_other_s"]),
+        work_utilization=(
+            s["sm_active_s"] / s["sm_observed_s"] if s["sm_observed_s"] > 0 else None
+        ),
+        priced=acc.priced,
+        currency=currency,
+        nominal_rate_per_hour=acc.fixed_cost / acc.capacity_h if acc.capacity_h > 0 else Decimal(0),
+    )
+
+
+def _grouped(
+    computation: _Computation, group_by: str
+) -> dict[tuple[_Bucket, str], tuple[str, _Acc]]:
+    groups: dict[tuple[_Bucket, str], tuple[str, _Acc]] = {}
+    for segment in computation.segments:
+        key, name = _group(segment, group_by, computation.names)
+        entry = groups.get((segment.bucket, key))
+        if entry is None:
+            entry = groups[(segment.bucket, key)] = (name, _Acc())
+        _accumulate(entry[1], segment, computation.names)
+    return groups
+
+
+# --- public ---------------------------------------------------------------------------------
+def cost_rows(
+    *,
+    start: dt.date,
+    end: dt.date,
+    group_by: str = "gpu",
+    period: str = "all",
+    filters: Filters | None = None,
+    now: dt.datetime | None = None,
+) -> list[CostRow]:
+    """Rows per group and period over [start, end) (dates in the report time zone).
+
+    Ordered by period_start, then key. Reads hourly rollups only (never the raw table); the
+    number of queries does not grow with the number of GPUs. Raises ValueError naming a bad
+    argument.
+    """
+    _validate(start=start, end=end, period=period, group_by=group_by)
+    computation = _compute(
+        start=start, end=end, period=period, filters=filters or Filters(), now=now
+    )
+    return _rows(computation, group_by)
+
+
+def cost_rows_by(
+    *,
+    start: dt.date,
+    end: dt.date,
+    group_bys: tuple[str, ...],
+    period: str = "all",
+    filters: Filters | None = None,
+    now: dt.datetime | None = None,
+) -> dict[str, list[CostRow]]:
+    """``cost_rows`` for several groupings of the same period and filters, from one
+    computation (a page that shows GPUs and models, or teams and pools, reads the rollups
+    once): ``{group_by: rows}``, each list as ``cost_rows`` returns it."""
+    for group_by in group_bys:
+        _validate(start=start, end=end, period=period, group_by=group_by)
+    computation = _compute(
+        start=start, end=end, period=period, filters=filters or Filters(), now=now
+    )
+    return {group_by: _rows(computation, group_by) for group_by in group_bys}
+
+
+def _rows(computation: _Computation, group_by: str) -> list[CostRow]:
+    grouped = _grouped(computation, group_by)
+    if computation.pooled:
+        assert group_by == "fleet", "pooled segments stand for a class of GPUs, not one"
+        by_span: dict[tuple[dt.date, dt.date], set[int]] = defaultdict(set)
+        for gpu_id, span in computation.pooled.items():
+            by_span[span].add(gpu_id)  # few spans: most GPUs share one
+        for (bucket, _key), (_name, acc) in grouped.items():
+            for (first, last), ids in by_span.items():
+                if first <= bucket.key < last:
+                    acc.gpu_ids |= ids
+    rows = [
+        _cost_row(
+            acc,
+            key=key,
+            name=name,
+            local_start=bucket.local_start,
+            local_end=bucket.local_end,
+            currency=computation.currency,
+        )
+        for (bucket, key), (name, acc) in grouped.items()
+    ]
+    rows.sort(key=lambda r: (r.period_start, r.key))
+    return rows
+
+
+def fleet_trend(
+    *,
+    start: dt.date,
+    end: dt.date,
+    filters: Filters | None = None,
+    now: dt.datetime | None = None,
+) -> list[CostRow]:
+    """The fleet's rows per day over [start, end): ``cost_rows(group_by="fleet",
+    period="day")`` by a faster path for the overview's trend charts. The GPUs in service
+    over the whole window at one rate are summed per rate class and day in SQL (so the cost
+    model runs per class, not per GPU-day); the rest per GPU. Same figures up to the last
+    digits of float and 28-digit Decimal sums taken in another order."""
+    _validate(start=start, end=end, period="day")
+    computation = _compute(
+        start=start, end=end, period="day", filters=filters or Filters(), now=now, pooled=True
+    )
+    return _rows(computation, "fleet")
+
+
+@dataclass
+class FleetSummary:
+    row: CostRow  # group_by="fleet", period="all"
+    target_utilization: float
+    recoverable_gpus: float
+    recoverable_money_per_year: Decimal
+    gpus_in_service: int
+    gpus_offline_now: int  # in service, no sample in the last 15 minutes
+
+
+def _fleet_acc(computation: _Computation) -> _Acc:
+    acc = _Acc()
+    for segment in computation.segments:
+        _accumulate(acc, segment, computation.names)
+    return acc
+
+
+def fleet_summary(
+    *, start: dt.date, end: dt.date, filters: Filters | None = None, now: dt.datetime | None = None
+) -> FleetSummary:
+    """The fleet row over [start, end), recoverable GPUs and money, GPUs in service now."""
+    _validate(start=start, end=end, period="all")
+    filters = filters or Filters()
+    computation = _compute(start=start, end=end, period="all", filters=filters, now=now)
+    return _summary(computation, filters)
+
+
+def fleet_overview(
+    *, start: dt.date, end: dt.date, filters: Filters | None = None, now: dt.datetime | None = None
+) -> tuple[FleetSummary, list[CostRow]]:
+    """``(fleet_summary(...), fleet_trend(...))`` for the overview page, with the settings,
+    GPUs and cost terms loaded once for both (and one ``now``): the same figures as the two
+    calls."""
+    _validate(start=start, end=end, period="all")
+    filters = filters or Filters()
+    loaded = _load(start=start, end=end, filters=filters, now=now)
+    summary = _summary(
+        _compute(start=start, end=end, period="all", filters=filters, now=now, loaded=loaded),
+        filters,
+    )
+    trend = _compute(
+        start=start,
+        end=end,
+        period="day",
+        filters=filters,
+        now=now,
+        pooled=True,
+        loaded=loaded,
+    )
+    return summary, _rows(trend, "fleet")
+
+
+def _summary(computation: _Computation, filters: Filters) -> FleetSummary:
+    acc = _fleet_acc(computation)
+    row = _cost_row(
+        acc,
+        key="fleet",
+        name="Fleet",
+        local_start=computation.local_start,
+        local_end=computation.local_end,
+        currency=computation.currency,
+    )
+    recoverable = cm.recoverable_gpus(
+        capacity_hours=acc.capacity_h,
+        air_hours=cm.hours_from_seconds(seconds=acc.sums["air_s"]),
+        period_hours=computation.window_hours,
+        target_utilization=computation.target_utilization,
+    )
+    in_service = offline = 0
+    current = computation.now
+    for info in computation.gpus.values():
+        if not _kept(
+            info,
+            site_id=info.site_id,
+            pool_id=info.pool_id,
+            team_id=info.team_id,
+            filters=filters,
+            names=computation.names,
+        ):
+            continue
+        if info.service_start is None or info.service_start > current:
+            continue
+        if info.retired_at is not None and info.retired_at <= current:
+            continue
+        in_service += 1
+        if offline_now(info.last_seen_at, current):
+            offline += 1
+    return FleetSummary(
+        row=row,
+        target_utilization=computation.target_utilization,
+        recoverable_gpus=recoverable,
+        recoverable_money_per_year=cm.recoverable_money_per_year(
+            recoverable_gpus=recoverable, mean_fixed_rate_per_hour=row.nominal_rate_per_hour
+        ),
+        gpus_in_service=in_service,
+        gpus_offline_now=offline,
+    )

@@ -1,0 +1,320 @@
+"""The rollup sums, in SQL, turned into segments (one GPU, bucket, attribution, phase)
+with the offline hours; and which segments the filters keep."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection
+from django.db.models import Case, IntegerField, Q, QuerySet, Sum, Value, When
+from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
+
+from billing import cost_model as cm
+from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight
+from billing.selectors.loading import _load, _Loaded
+from billing.selectors.pooled import _poolable, _pooled_segments
+from billing.selectors.types import Filters, _Computation, _GpuInfo, _Names, _Segment
+from fleet.models import Node
+from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
+from telemetry.models import DailyUsage, HourlyUsage
+
+
+def _filtered(rows: QuerySet[Any], filters: Filters) -> QuerySet[Any]:
+    if filters.models:
+        rows = rows.filter(gpu__model__key__in=filters.models)
+    if filters.gpus:
+        rows = rows.filter(gpu__uuid__in=filters.gpus)
+    return rows
+
+
+def _summed(rows: QuerySet[Any], fields: list[str]) -> list[dict[str, Any]]:
+    """The rollup sums of ``rows`` per ``fields``, as dicts. The statement is Django's, the
+    values as PostgreSQL sends them: Django's per-value converters (``float`` of a float,
+    ``int`` of an integer, a bucket made aware and back) cost more than the query on a large
+    fleet. A bucket is a date, or a local midnight as a datetime (see ``_compute``)."""
+    summed = rows.values(*fields).annotate(**{f: Sum(f) for f in _SUM_FIELDS}).order_by()
+    if connection.vendor != "postgresql":
+        # SQLite sends dates and datetimes as text: it needs Django's converters (and its
+        # fleets are small).
+        return list(summed)
+    query = summed.query
+    with connection.cursor() as cursor:
+        cursor.execute(*query.sql_with_params())
+        names = [column.name for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _summed_hourly(
+    rows: QuerySet[Any], filters: Filters, *, period: str, zone: dt.tzinfo, whens: list[When]
+) -> list[dict[str, Any]]:
+    """Hourly rows summed per GPU, attribution[, phase][, bucket in the report zone]."""
+    rows = _filtered(rows, filters)
+    fields = ["gpu_id", "node_id", "pool_id", "team_id", "site_id"]
+    if whens:
+        rows = rows.annotate(phase=Case(*whens, default=Value(-1), output_field=IntegerField()))
+        fields.append("phase")
+    if period != "all":
+        trunc = {"day": TruncDay, "week": TruncWeek, "month": TruncMonth}[period]
+        rows = rows.annotate(bucket=trunc("hour", tzinfo=zone))
+        fields.append("bucket")
+    return _summed(rows, fields)
+
+
+def _by_attribution(filters: Filters) -> bool:
+    return bool(filters.sites or filters.pools or filters.teams)
+
+
+def _compute(
+    *,
+    start: dt.date,
+    end: dt.date,
+    period: str,
+    filters: Filters,
+    now: dt.datetime | None,
+    pooled: bool = False,
+    loaded: _Loaded | None = None,
+) -> _Computation:
+    loaded = loaded or _load(start=start, end=end, filters=filters, now=now)
+    now, fleet_settings, zone = loaded.now, loaded.fleet_settings, loaded.zone
+    names, gpus, daily_zone = loaded.names, loaded.gpus, loaded.daily_zone
+    buckets = _buckets(start, end, period, zone)
+    local_start, local_end = _local_midnight(start, zone), _local_midnight(end, zone)
+    window_start, window_end = local_start.astimezone(dt.UTC), local_end.astimezone(dt.UTC)
+    capacity_end = max(window_start, min(window_end, now))
+
+    # The rollup sums, in SQL: per GPU, bucket, attribution (as stored) and phase.
+    by_boundary: dict[dt.datetime, list[int]] = defaultdict(list)
+    for info in gpus.values():
+        if info.boundary_hour is not None and window_start <= info.boundary_hour < capacity_end:
+            by_boundary[info.boundary_hour].append(info.id)
+    split_ids = [i for ids in by_boundary.values() for i in ids]
+    pooled_days: dict[int, tuple[dt.date, dt.date]] = {}
+    sum_rows: list[dict[str, Any]] = []
+    if daily_zone:
+        # Whole local days from the daily pre-aggregate (24× fewer rows), except for the GPUs
+        # whose depreciation ends inside the window (that hour is split); hourly rows for
+        # those GPUs and for the day still in progress (up to now).
+        day = start
+        while day < end and _local_midnight(day + dt.timedelta(days=1), zone) <= capacity_end:
+            day += dt.timedelta(days=1)
+        hourly_from = _local_midnight(day, zone).astimezone(dt.UTC)
+        if pooled and day > start and period == "day" and not _by_attribution(filters):
+            pooled_days = _poolable(gpus, split_ids, start, day, zone)
+        if day > start:
+            dailies = DailyUsage.objects.filter(day__gte=start, day__lt=day)
+            if split_ids:
+                dailies = dailies.exclude(gpu_id__in=split_ids)
+            if pooled_days:
+                # Only the GPU-days not pooled: the days outside each pooled GPU's span, and
+                # every day of the other GPUs (few spans: most GPUs share one, so the days
+                # outside it are read by the day index, not by scanning the table).
+                by_range: dict[tuple[dt.date, dt.date], list[int]] = defaultdict(list)
+                for gpu_id, days in pooled_days.items():
+                    by_range[days].append(gpu_id)
+                unpooled = [g for g in gpus if g not in pooled_days]
+                if len(by_range) == 1 and not unpooled:
+                    # Every GPU pooled over one span (the rule): the days outside it, with no
+                    # list of ids (other GPUs' rows find no GPU below and are left out).
+                    ((first, last),) = by_range
+                    wanted = Q(day__lt=first) | Q(day__gte=last)
+                else:
+                    wanted = Q(gpu_id__in=unpooled) if unpooled else Q(pk__in=[])
+                    for (first, last), ids in by_range.items():
+                        wanted |= Q(gpu_id__in=ids) & (Q(day__lt=first) | Q(day__gte=last))
+                dailies = dailies.filter(wanted)
+            dailies = _filtered(dailies, filters)
+            fields = ["gpu_id", "node_id", "pool_id", "team_id", "site_id"]
+            if period != "all":
+                trunc = {"day": None, "week": TruncWeek, "month": TruncMonth}[period]
+                if trunc is None:
+                    fields.append("day")
+                else:
+                    dailies = dailies.annotate(bucket=trunc("day"))
+                    fields.append("bucket")
+            for row in _summed(dailies, fields):
+                if "day" in row:
+                    row["bucket"] = row.pop("day")
+                sum_rows.append(row)
+        if hourly_from < capacity_end:
+            # The day in progress: hourly rows of one local day (``day``), up to now. Read
+            # per period as ever, except that the overview's trend takes its summary's.
+            progress_key = (hourly_from, capacity_end, tuple(split_ids))
+            rest_rows = loaded.in_progress.get(progress_key)
+            if rest_rows is not None and period != "all":
+                sum_rows += [{**r, "bucket": day} for r in rest_rows]
+            else:
+                rest = HourlyUsage.objects.filter(hour__gte=hourly_from, hour__lt=capacity_end)
+                if split_ids:
+                    rest = rest.exclude(gpu_id__in=split_ids)
+                rest_rows = _summed_hourly(rest, filters, period=period, zone=zone, whens=[])
+                if period == "all":
+                    loaded.in_progress[progress_key] = rest_rows
+                sum_rows += rest_rows
+        hourly = HourlyUsage.objects.filter(
+            gpu_id__in=split_ids, hour__gte=window_start, hour__lt=capacity_end
+        )
+    else:
+        hourly = HourlyUsage.objects.filter(hour__gte=window_start, hour__lt=capacity_end)
+    if not daily_zone or split_ids:
+        whens: list[When] = []
+        for boundary, ids in by_boundary.items():
+            whens += [
+                When(gpu_id__in=ids, hour__lt=boundary, then=Value(0)),
+                When(gpu_id__in=ids, hour=boundary, then=Value(1)),
+                When(gpu_id__in=ids, then=Value(2)),
+            ]
+        sum_rows += _summed_hourly(hourly, filters, period=period, zone=zone, whens=whens)
+
+    buckets_by_key = {b.key: b for b in buckets}
+    # One segment per GPU, bucket, phase and attribution, whichever table its sums came from.
+    merged: dict[tuple[Any, ...], _Segment] = {}
+    for row in sum_rows:
+        owner = gpus.get(row["gpu_id"])
+        if owner is None:
+            continue
+        if period == "all":
+            key = start
+        else:
+            # A day of the daily table; a week or month of it truncated in SQL (midnight of
+            # the session's zone); or hourly rows truncated in the report zone (local time).
+            found = row["bucket"]
+            if isinstance(found, dt.datetime):
+                found = found.date()
+            key = _bucket_key(found, period, start)
+        bucket = buckets_by_key.get(key)
+        if bucket is None:
+            continue
+        phase = row.get("phase", -1)
+        if phase < 0:  # no depreciation boundary within the window
+            ends = owner.boundary_hour
+            phase = 2 if ends is not None and ends < window_start else 0
+        ident: tuple[Any, ...] = (owner.id, key, phase, row["node_id"], row["pool_id"])
+        ident += (row["team_id"], row["site_id"])
+        segment = merged.get(ident)
+        if segment is None:
+            merged[ident] = _Segment(
+                gpu=owner,
+                bucket=bucket,
+                phase=phase,
+                node_id=row["node_id"],
+                pool_id=row["pool_id"],
+                team_id=row["team_id"],
+                site_id=row["site_id"],
+                sums={f: float(row[f] or 0) for f in _SUM_FIELDS},
+            )
+        else:
+            for f in _SUM_FIELDS:
+                segment.sums[f] += float(row[f] or 0)
+    segments: list[_Segment] = list(merged.values())
+    if pooled_days:
+        segments += _pooled_segments(
+            gpus=gpus,
+            days=pooled_days,
+            zone=zone,
+            buckets=buckets_by_key,
+            window_start=window_start,
+        )
+    observed_h: dict[tuple[int, dt.date, int], Decimal] = defaultdict(Decimal)
+    for segment in segments:
+        observed_h[(segment.gpu.id, segment.bucket.key, segment.phase)] += cm.hours_from_seconds(
+            seconds=segment.sums["observed_s"]
+        )
+
+    missing_nodes = {s.node_id for s in segments if s.node_id is not None} - names.nodes.keys()
+    if missing_nodes:  # nodes a GPU has since left
+        names.nodes.update(Node.objects.filter(pk__in=missing_nodes).values_list("id", "hostname"))
+
+    # Offline hours: calendar capacity per phase less what was observed, to the current owner.
+    position = {b.key: i for i, b in enumerate(buckets)}
+    for info in gpus.values():
+        own = buckets
+        pooled_span = pooled_days.get(info.id)
+        if pooled_span is not None:  # its offline hours on those days are in pooled segments
+            cut = position[pooled_span[0]], position.get(pooled_span[1], len(buckets))
+            own = buckets[: cut[0]] + buckets[cut[1] :]
+        for bucket in own:
+            span = cm.capacity_interval(
+                service_start=info.service_start,
+                retired_at=info.retired_at,
+                start=bucket.start,
+                end=bucket.end,
+                now=now,
+            )
+            if span is None:
+                continue
+            for phase, lo, hi in info.phase_intervals():
+                if (lo and lo >= span[1]) or (hi and hi <= span[0]):
+                    continue  # no capacity in this phase: no offline hours
+                capacity_h = cm.hours_between(
+                    start=max(span[0], lo) if lo else span[0],
+                    end=min(span[1], hi) if hi else span[1],
+                )
+                offline_h = cm.offline_hours(
+                    capacity_hours=capacity_h,
+                    observed_hours=observed_h.get((info.id, bucket.key, phase), Decimal(0)),
+                )
+                if offline_h > 0:
+                    segments.append(
+                        _Segment(
+                            gpu=info,
+                            bucket=bucket,
+                            phase=phase,
+                            node_id=info.node_id,
+                            pool_id=info.pool_id,
+                            team_id=info.team_id,
+                            site_id=info.site_id,
+                            sums=dict.fromkeys(_SUM_FIELDS, 0.0),
+                            offline_h=offline_h,
+                        )
+                    )
+
+    segments = [s for s in segments if _segment_kept(s, filters, names)]
+    return _Computation(
+        currency=fleet_settings.currency,
+        zone=zone,
+        target_utilization=fleet_settings.target_utilization,
+        local_start=local_start,
+        local_end=local_end,
+        window_start=window_start,
+        window_end=window_end,
+        now=now,
+        gpus=gpus,
+        names=names,
+        segments=segments,
+        pooled=pooled_days,
+    )
+
+
+def _kept(
+    gpu: _GpuInfo,
+    *,
+    site_id: int | None,
+    pool_id: int | None,
+    team_id: int | None,
+    filters: Filters,
+    names: _Names,
+) -> bool:
+    """Whether the filters keep this GPU with this attribution."""
+    if filters.sites and names.site(site_id).name not in filters.sites:
+        return False
+    if filters.pools and names.pools.get(pool_id or 0) not in filters.pools:
+        return False
+    if filters.teams and names.teams.get(team_id or 0) not in filters.teams:
+        return False
+    if filters.models and gpu.model_key not in filters.models:
+        return False
+    return not (filters.gpus and gpu.uuid not in filters.gpus)
+
+
+def _segment_kept(segment: _Segment, filters: Filters, names: _Names) -> bool:
+    return _kept(
+        segment.gpu,
+        site_id=segment.site_id,
+        pool_id=segment.pool_id,
+        team_id=segment.team_id,
+        filters=filters,
+        names=names,
+    )

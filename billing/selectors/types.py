@@ -1,0 +1,213 @@
+"""The selectors' data: filters, rows, and the plain data a computation works on."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from billing import cost_model as cm
+from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
+
+GROUP_BY = ("gpu", "node", "pool", "team", "site", "model", "fleet")
+PERIODS = ("day", "week", "month", "all")
+THROTTLE_REASONS = ("power_cap", "thermal", "hw_slowdown", "other")
+# A GPU in service that sent nothing for this long counts as offline now (offline_now).
+OFFLINE_NOW_AFTER = dt.timedelta(minutes=15)
+
+
+def offline_now(last_seen_at: dt.datetime | None, now: dt.datetime) -> bool:
+    """Whether a GPU last seen at ``last_seen_at`` (None: never) counts as offline at ``now``."""
+    return last_seen_at is None or last_seen_at < now - OFFLINE_NOW_AFTER
+
+
+UNASSIGNED_NAME = "(none)"
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Restricts which GPUs count; each tuple empty = no restriction. Site/pool/team filters
+    use the attribution stored with each hourly rollup (offline hours: current attribution)."""
+
+    sites: tuple[str, ...] = ()  # site names
+    pools: tuple[str, ...] = ()  # pool names
+    teams: tuple[str, ...] = ()  # team names
+    models: tuple[str, ...] = ()  # GpuModel keys, e.g. "H100-SXM"
+    gpus: tuple[str, ...] = ()  # GPU UUIDs
+
+
+@dataclass
+class CostRow:
+    """One group over one period: every field of the finance API's rows (DESIGN.md §7)."""
+
+    key: str  # GPU UUID, hostname, pool/team/site name, model key, or "fleet"
+    name: str  # human label (GPU: "host#index", model: display name)
+    period_start: dt.datetime  # aware, report time zone, clipped to the query
+    period_end: dt.datetime
+    gpu_count: int  # GPUs with capacity in this row
+    capacity_hours: float
+    observed_hours: float
+    air_hours: float
+    held_hours: float
+    parked_hours: float
+    offline_hours: float
+    utilization: float | None  # air / capacity; None when capacity is 0
+    hours_in_air_per_day: float | None
+    energy_kwh: float
+    idle_energy_kwh: float
+    energy_per_gpu_hour_kwh: float | None  # kWh / observed hours
+    kwh_per_air_hour: float | None
+    fixed_cost: Decimal
+    energy_cost: Decimal
+    total_cost: Decimal
+    idle_cost: Decimal
+    cost_per_air_hour: Decimal | None
+    co2e_kg: float
+    throttled_hours: float
+    throttled_power_cap_hours: float
+    throttled_thermal_hours: float
+    throttled_hw_slowdown_hours: float
+    throttled_other_hours: float
+    work_utilization: float | None
+    priced: bool  # False when any GPU in the row has no cost profile or no site
+    currency: str
+    nominal_rate_per_hour: Decimal  # capacity-weighted mean fixed rate
+
+
+# --- plain data the computation works on ----------------------------------------------------
+@dataclass(frozen=True)
+class _SiteTerms:
+    name: str | None
+    pue: Decimal
+    price_per_kwh: Decimal
+    grid_g_per_kwh: Decimal
+
+
+# A GPU with no site: PUE 1, price 0, grid 0 (DESIGN.md §3), and not priced.
+_NO_SITE = _SiteTerms(
+    name=None, pue=Decimal(1), price_per_kwh=Decimal(0), grid_g_per_kwh=Decimal(0)
+)
+
+
+@dataclass
+class _GpuInfo:
+    id: int
+    uuid: str
+    label: str
+    model_key: str
+    model_name: str
+    max_power_w: float | None
+    idle_power_w: float | None
+    node_id: int | None  # current attribution: where offline hours go
+    pool_id: int | None
+    team_id: int | None
+    site_id: int | None
+    service_start: dt.datetime | None
+    retired_at: dt.datetime | None
+    last_seen_at: dt.datetime | None
+    terms: cm.CostTerms | None
+    boundary_hour: dt.datetime | None = None  # the UTC hour depreciation ends in
+    rates: tuple[Decimal, Decimal, Decimal] = (Decimal(0), Decimal(0), Decimal(0))
+
+    @property
+    def kind(self) -> str | None:
+        return self.terms.kind if self.terms else None
+
+    def phase_intervals(self) -> list[tuple[int, dt.datetime | None, dt.datetime | None]]:
+        """(phase, from, to) with open ends as None."""
+        if self.boundary_hour is None:
+            return [(0, None, None)]
+        after = self.boundary_hour + cm.ONE_HOUR
+        return [(0, None, self.boundary_hour), (1, self.boundary_hour, after), (2, after, None)]
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    key: dt.date  # local start date of the (unclipped) day, ISO week or month
+    start: dt.datetime  # UTC, clipped to the query
+    end: dt.datetime
+    local_start: dt.datetime  # the same, in the report time zone
+    local_end: dt.datetime
+
+
+@dataclass
+class _Segment:
+    """One GPU, one bucket, one attribution, one phase: observed sums or offline hours."""
+
+    gpu: _GpuInfo
+    bucket: _Bucket
+    phase: int
+    node_id: int | None
+    pool_id: int | None
+    team_id: int | None
+    site_id: int | None
+    sums: dict[str, float] = field(default_factory=dict)
+    offline_h: Decimal = Decimal(0)
+
+
+@dataclass
+class _Acc:
+    """Running sums of one group over one bucket."""
+
+    gpu_ids: set[int] = field(default_factory=set)
+    capacity_h: Decimal = Decimal(0)
+    owned_capacity_h: Decimal = Decimal(0)  # not rented: their energy is paid for
+    offline_h: Decimal = Decimal(0)
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_SUM_FIELDS, 0.0))
+    energy_kwh: Decimal = Decimal(0)
+    idle_energy_kwh: Decimal = Decimal(0)
+    fixed_cost: Decimal = Decimal(0)
+    energy_cost: Decimal = Decimal(0)
+    idle_cost: Decimal = Decimal(0)
+    co2e_kg: float = 0.0
+    priced: bool = True
+    nominal_max_w_h: float = 0.0  # Σ nominal power × capacity hours, for break-even fallbacks
+    nominal_idle_w_h: float = 0.0
+    nominal_h: float = 0.0
+
+
+@dataclass
+class _Names:
+    nodes: dict[int, str]
+    pools: dict[int, str]
+    teams: dict[int, str]
+    sites: dict[int, _SiteTerms]
+
+    def site(self, site_id: int | None) -> _SiteTerms:
+        return self.sites.get(site_id, _NO_SITE) if site_id is not None else _NO_SITE
+
+
+@dataclass
+class _Computation:
+    currency: str
+    zone: dt.tzinfo
+    target_utilization: float
+    local_start: dt.datetime
+    local_end: dt.datetime
+    window_start: dt.datetime  # UTC
+    window_end: dt.datetime  # UTC, the query's end
+    now: dt.datetime
+    gpus: dict[int, _GpuInfo]
+    names: _Names
+    segments: list[_Segment]
+    # Pooled (fleet trend only): per GPU, the days [from, to) summed per rate class, not per
+    # GPU; those segments carry a stand-in GPU of the class.
+    pooled: dict[int, tuple[dt.date, dt.date]] = field(default_factory=dict)  # GPU: [from, to)
+
+    @property
+    def capacity_end(self) -> dt.datetime:
+        return max(self.window_start, min(self.window_end, self.now))
+
+    @property
+    def window_hours(self) -> Decimal:
+        """The window's hours, cut off at now."""
+        return cm.hours_between(start=self.window_start, end=self.capacity_end)
+
+
+def _validate(*, start: dt.date, end: dt.date, period: str, group_by: str = "fleet") -> None:
+    if end <= start:
+        raise ValueError("end: must be after start")
+    if period not in PERIODS:
+        raise ValueError(f"period: must be one of {', '.join(PERIODS)}")
+    if group_by not in GROUP_BY:
+        raise ValueError(f"group_by: must be one of {', '.join(GROUP_BY)}")
