@@ -27,8 +27,10 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from billing import cost_model as cm
-from billing import selectors
 from billing.models import CostProfile
+from billing.selectors.closing import adjustment_negligible, compute
+from billing.selectors.costs import _accumulate
+from billing.selectors.types import Filters, _Acc, _Segment
 from fleet.models import Gpu, Team
 
 VERSIONS = ("1.2", "1.0")
@@ -122,6 +124,10 @@ SERVICE_SUBCATEGORY = "AI Platforms"
 GPU_HOURS = "GPU-Hours"
 KWH = "kWh"
 
+# A correction below this is the same money split into other segments (28-digit Decimal
+# sums taken in another order), not a change: no row. Far below the file's ten decimals.
+_NEGLIGIBLE_MONEY = Decimal("1e-12")
+
 FIXED = "fixed"  # an owned GPU's depreciation and opex (or 0 without a cost profile)
 ENERGY = "energy"
 RENTAL = "rental"
@@ -153,6 +159,7 @@ class FocusCharge:
     priced: bool
     sku_price_scope: str  # the cost profile's scope ("pool:training"), or "site:NAME"
     currency: str
+    adjusts: dt.date | None = None  # late data: the closed day this corrects
 
 
 def _month_chunks(start: dt.date, end: dt.date) -> Iterator[tuple[dt.date, dt.date]]:
@@ -171,6 +178,13 @@ def _month_bounds(day: dt.date, zone: dt.tzinfo) -> tuple[dt.datetime, dt.dateti
     return (
         dt.datetime.combine(first, dt.time(), tzinfo=zone).astimezone(dt.UTC),
         dt.datetime.combine(after, dt.time(), tzinfo=zone).astimezone(dt.UTC),
+    )
+
+
+def _day_bounds(day: dt.date, zone: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
+    return (
+        dt.datetime.combine(day, dt.time(), tzinfo=zone).astimezone(dt.UTC),
+        dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), tzinfo=zone).astimezone(dt.UTC),
     )
 
 
@@ -216,13 +230,13 @@ def _chunk_charges(
     cost_centers: dict[int, str],
     scopes: dict[str, str],
 ) -> list[FocusCharge]:
-    computation = selectors._compute(
-        start=start, end=end, period="day", filters=selectors.Filters(), now=now
-    )
+    computation = compute(start=start, end=end, period="day", filters=Filters(), now=now)
     names = computation.names
-    # Per GPU, day and stored attribution: the segments' hours and money summed by the
-    # selectors' own accumulator, so every figure is the costs API's.
-    groups: dict[tuple[Any, ...], tuple[Any, selectors._Acc]] = {}
+    # Per GPU, day, stored attribution (and, for late data of a closed month, the day it
+    # adjusts): the segments' hours and money summed by the selectors' own accumulator, so
+    # every figure is the costs API's. Idle energy is priced per segment, at the terms the
+    # accumulator used, to split idle cost between the fixed and the energy charge.
+    groups: dict[tuple[Any, ...], tuple[_Segment, _Acc, list[Decimal]]] = {}
     for segment in computation.segments:
         ident = (
             segment.bucket.key,
@@ -231,26 +245,41 @@ def _chunk_charges(
             segment.pool_id,
             segment.team_id,
             segment.site_id,
+            segment.adjusts,
         )
         entry = groups.get(ident)
         if entry is None:
-            entry = groups[ident] = (segment, selectors._Acc())
-        selectors._accumulate(entry[1], segment, names)
+            entry = groups[ident] = (segment, _Acc(), [Decimal(0)])
+        _accumulate(entry[1], segment, names)
+        site = segment.site_terms or names.site(segment.site_id)
+        entry[2][0] += cm.energy_cost(
+            kind=segment.gpu.kind,
+            energy_kwh=cm.kwh_from_joules(energy_j=segment.sums["idle_energy_j"]),
+            pue=site.pue,
+            price_per_kwh=site.price_per_kwh,
+        )
     out: list[FocusCharge] = []
     months: dict[dt.date, tuple[dt.datetime, dt.datetime]] = {}
-    for (day, *_), (segment, acc) in groups.items():
-        if acc.capacity_h <= 0 and acc.energy_kwh <= 0:
+    zone = computation.zone
+    for (day, *_), (segment, acc, (energy_idle,)) in groups.items():
+        adjusts = segment.adjusts
+        if adjusts is None and acc.capacity_h <= 0 and acc.energy_kwh <= 0:
+            continue
+        if adjusts is not None and adjustment_negligible(acc):
             continue
         gpu = segment.gpu
         bounds = months.get(day.replace(day=1))
         if bounds is None:
-            bounds = months[day.replace(day=1)] = _month_bounds(day, computation.zone)
-        site = names.site(segment.site_id)
+            bounds = months[day.replace(day=1)] = _month_bounds(day, zone)
+        site = segment.site_terms or names.site(segment.site_id)
         hostname = names.nodes.get(segment.node_id or 0)
         index = gpu.label.rpartition("#")[2] if "#" in gpu.label else None
+        period = (segment.bucket.start, segment.bucket.end)
+        if adjusts is not None:  # the charge period is the day corrected
+            period = _day_bounds(adjusts, zone)
         common: dict[str, Any] = {
-            "period_start": segment.bucket.start,
-            "period_end": segment.bucket.end,
+            "period_start": period[0],
+            "period_end": period[1],
             "billing_start": bounds[0],
             "billing_end": bounds[1],
             "gpu_uuid": gpu.uuid,
@@ -263,30 +292,28 @@ def _chunk_charges(
             "site": site.name,
             "priced": acc.priced,
             "currency": computation.currency,
+            "adjusts": adjusts,
         }
         air_h = cm.hours_from_seconds(seconds=acc.sums["air_s"])
         rented = gpu.kind == cm.RENTED
-        # Idle cost splits as the cost model adds it: idle energy at the site's price (owned
-        # GPUs only), the rest is the fixed rate over the hours not in the air.
-        energy_idle = cm.energy_cost(
-            kind=gpu.kind,
-            energy_kwh=acc.idle_energy_kwh,
-            pue=site.pue,
-            price_per_kwh=site.price_per_kwh,
-        )
-        out.append(
-            FocusCharge(
-                charge=RENTAL if rented else FIXED,
-                pricing_quantity=acc.capacity_h,
-                unit_price=acc.fixed_cost / acc.capacity_h if acc.capacity_h > 0 else Decimal(0),
-                cost=acc.fixed_cost,
-                consumed_quantity=air_h,
-                idle_cost=acc.idle_cost - energy_idle,
-                sku_price_scope=scopes.get(gpu.uuid, "none"),
-                **common,
+        if adjusts is None or abs(acc.fixed_cost) >= _NEGLIGIBLE_MONEY:
+            out.append(
+                FocusCharge(
+                    charge=RENTAL if rented else FIXED,
+                    pricing_quantity=acc.capacity_h,
+                    unit_price=acc.fixed_cost / acc.capacity_h if acc.capacity_h else Decimal(0),
+                    cost=acc.fixed_cost,
+                    consumed_quantity=air_h,
+                    idle_cost=acc.idle_cost - energy_idle,
+                    sku_price_scope=scopes.get(gpu.uuid, "none"),
+                    **common,
+                )
             )
-        )
-        if not rented and acc.energy_kwh > 0:
+        if adjusts is not None:
+            energy_charged = abs(acc.energy_cost) >= _NEGLIGIBLE_MONEY
+        else:
+            energy_charged = acc.energy_kwh > 0
+        if not rented and energy_charged:
             out.append(
                 FocusCharge(
                     charge=ENERGY,
@@ -299,7 +326,15 @@ def _chunk_charges(
                     **common,
                 )
             )
-    out.sort(key=lambda c: (c.period_start, c.gpu_uuid, CHARGE_ORDER[c.charge], c.team or ""))
+    out.sort(
+        key=lambda c: (
+            c.adjusts is not None,
+            c.period_start,
+            c.gpu_uuid,
+            CHARGE_ORDER[c.charge],
+            c.team or "",
+        )
+    )
     return out
 
 
@@ -401,4 +436,31 @@ def focus_row(charge: FocusCharge, *, version: str) -> dict[str, Any]:
         "x_IdleCost": decimal_text(charge.idle_cost),
         "x_Priced": charge.priced,
     }
+    if charge.adjusts is not None:
+        # Late data for a closed day, booked in this billing period: a correction of that
+        # day's charge, with no quantities or prices of its own (FOCUS allows them null on
+        # a correction; the costs agree with BilledCost).
+        row.update(dict.fromkeys(_NOT_ON_CORRECTIONS))
+        row["ChargeCategory"] = "Adjustment"
+        row["ChargeClass"] = "Correction"
+        row["ChargeDescription"] = (
+            f"Late data for {charge.adjusts:%Y-%m-%d}, a closed day: "
+            + _DESCRIPTIONS[charge.charge].format(name=charge.resource_name)
+        )
     return {column: row[column] for column in COLUMNS[version]}
+
+
+_NOT_ON_CORRECTIONS = (
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "ContractedUnitPrice",
+    "ListUnitPrice",
+    "PricingCategory",
+    "PricingCurrencyContractedUnitPrice",
+    "PricingCurrencyListUnitPrice",
+    "PricingQuantity",
+    "PricingUnit",
+    "SkuId",
+    "SkuMeter",
+    "SkuPriceId",
+)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from fleet.models import Gpu, Site
+from fleet.models import Gpu, Site, Team
 
 
 def gpus_with_attribution() -> QuerySet[Gpu]:
@@ -16,3 +16,8 @@ def gpus_with_attribution() -> QuerySet[Gpu]:
 
 def gpu_site(gpu: Gpu) -> Site | None:
     return gpu.node.effective_site
+
+
+def team_cost_centers() -> dict[str, str]:
+    """Team name → cost centre (empty where none is set), for chargeback tables and CSVs."""
+    return dict(Team.objects.values_list("name", "cost_center"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Mapping
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -91,9 +92,12 @@ COST_COLUMNS: tuple[str, ...] = (
     "throttled_hw_slowdown_hours",
     "throttled_other_hours",
     "work_utilization",
+    "closed",
+    "adjustment_for",
+    "cost_center",
 )
 # Cells that carry names people typed (GPU, team, pool… names): escaped in CSV.
-COST_TEXT_COLUMNS = frozenset({"key", "name", "currency"})
+COST_TEXT_COLUMNS = frozenset({"key", "name", "currency", "adjustment_for", "cost_center"})
 _FLOAT_FIELDS = (
     "capacity_hours",
     "observed_hours",
@@ -118,8 +122,11 @@ _FLOAT_FIELDS = (
 _MONEY_FIELDS = ("fixed_cost", "energy_cost", "total_cost", "idle_cost", "cost_per_air_hour")
 
 
-def cost_row_data(row: CostRow, *, zone: ZoneInfo) -> dict[str, Any]:
-    """One selector row as the API shows it (JSON) and exports it (CSV)."""
+def cost_row_data(
+    row: CostRow, *, zone: ZoneInfo, cost_centers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """One selector row as the API shows it (JSON) and exports it (CSV). ``cost_centers``
+    (team name → cost centre) for rows grouped by team; otherwise ``cost_center`` is null."""
     data: dict[str, Any] = {
         "key": row.key,
         "name": row.name,
@@ -128,6 +135,9 @@ def cost_row_data(row: CostRow, *, zone: ZoneInfo) -> dict[str, Any]:
         "gpu_count": row.gpu_count,
         "currency": row.currency,
         "priced": row.priced,
+        "closed": row.closed,
+        "adjustment_for": row.adjustment_for,
+        "cost_center": (cost_centers.get(row.key) or None) if cost_centers is not None else None,
     }
     for name in _FLOAT_FIELDS:
         data[name] = num(getattr(row, name))
@@ -266,6 +276,19 @@ class CostRowSerializer(serializers.Serializer[Any]):
     throttled_hw_slowdown_hours = serializers.FloatField()
     throttled_other_hours = serializers.FloatField()
     work_utilization = serializers.FloatField(allow_null=True)
+    closed = serializers.BooleanField(
+        help_text="true: the period lies in closed months; its figures are those of the close"
+    )
+    adjustment_for = serializers.CharField(
+        allow_null=True,
+        help_text=(
+            "YYYY-MM on an adjustment row: what late data changed in that closed month, "
+            "booked in this period (the first open month after it); null on regular rows"
+        ),
+    )
+    cost_center = serializers.CharField(
+        allow_null=True, help_text="The team's cost centre (group_by=team; null otherwise)"
+    )
 
 
 class CostPageSerializer(serializers.Serializer[Any]):

@@ -40,6 +40,7 @@ from config.api import Pagination
 from fleet.api.views import ProtectedDeleteMixin
 from fleet.models import FleetSettings
 from fleet.permissions import CanViewCosts, CanViewCostsOrManageWrites
+from fleet.selectors import team_cost_centers
 
 _ERRORS = {
     400: OpenApiResponse(description="A bad parameter; the body names it"),
@@ -179,9 +180,10 @@ class CostsView(FinanceAPIView):
             period=params["period"],
             filters=filters,
         )
+        cost_centers = team_cost_centers() if params["group_by"] == "team" else None
         if request.accepted_renderer.format == "csv":
             lines = csv_stream(
-                (cost_row_data(row, zone=zone) for row in rows),
+                (cost_row_data(row, zone=zone, cost_centers=cost_centers) for row in rows),
                 columns=COST_COLUMNS,
                 text_columns=COST_TEXT_COLUMNS,
             )
@@ -190,7 +192,9 @@ class CostsView(FinanceAPIView):
             )
             return csv_attachment(lines, filename=filename)
         page = paginator.paginate_iterable(rows, request)
-        return paginator.get_paginated_response([cost_row_data(r, zone=zone) for r in page])
+        return paginator.get_paginated_response(
+            [cost_row_data(r, zone=zone, cost_centers=cost_centers) for r in page]
+        )
 
 
 class FocusView(FinanceAPIView):

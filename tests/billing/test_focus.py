@@ -216,7 +216,7 @@ def focus_spec_problems(header: list[str], rows: list[dict[str, str]], version: 
             problems.append(f"row {n}: EffectiveCost ≠ BilledCost (no commitments here)")
         if not row["ChargePeriodStart"] < row["ChargePeriodEnd"]:
             problems.append(f"row {n}: charge period not [start, end)")
-        if not (
+        if row["ChargeClass"] != "Correction" and not (
             row["BillingPeriodStart"] <= row["ChargePeriodStart"]
             and row["ChargePeriodEnd"] <= row["BillingPeriodEnd"]
         ):
