@@ -248,3 +248,44 @@ def test_dashboard_marks_closed_months(worked_example: Any, april: Any) -> None:
     assert 'id="closed-note"' in page and "2026-03 (frozen 2026-04-05 by alice)" in page
     april_only = april.get("/", {"from": "2026-04-01", "to": "2026-04-03"}).content.decode()
     assert 'id="closed-note"' not in april_only
+
+
+def test_an_adjustment_is_frozen_with_the_month_that_carries_it(
+    worked_example: Any, fleet: Any, role_client: Any
+) -> None:
+    """March closed, a late batch booked in April; April closed (carrying it); then a second
+    late batch for March: April does not move, May carries only the second batch."""
+    with time_machine.travel(CLOSE_NOW, tick=False):
+        close("2026-03")
+        late_batch(fleet, worked_example)  # +0.48 (module docstring)
+    with time_machine.travel(at("2026-05-03T00"), tick=False):
+        finance = role_client("finance")
+        assert close("2026-04").startswith("closed 2026-04")
+        april_query = {"start": "2026-04-01", "end": "2026-05-01", "group_by": "gpu"}
+        april_before = rows(finance, april_query)
+        assert [(r["adjustment_for"], r["total_cost"]) for r in april_before][1] == (
+            "2026-03",
+            "0.48",
+        )
+        # The second batch: 3 March 00:00-02:00 was offline; 2 hours at 500 W, idle: energy
+        # 2 × 3,600 × 500 = 3,600,000 J = 1 kWh × 0.30 = 0.30.
+        fleet.save(
+            [
+                fleet.usage(
+                    worked_example,
+                    at(f"2026-03-03T{h:02d}"),
+                    samples=60,
+                    observed_s=3600,
+                    parked_s=3600,
+                    energy_j=1_800_000,
+                    idle_energy_j=1_800_000,
+                    idle_s=3600,
+                )
+                for h in (0, 1)
+            ]
+        )
+        assert rows(finance, april_query) == april_before
+        may = rows(finance, {"start": "2026-05-01", "end": "2026-06-01", "group_by": "gpu"})
+        (adjustment,) = [r for r in may if r["adjustment_for"] == "2026-03"]
+        assert (adjustment["energy_cost"], adjustment["total_cost"]) == ("0.30", "0.30")
+        assert adjustment["idle_cost"] == "0.30"  # idle energy; the fixed rate paid as before
