@@ -38,7 +38,7 @@ from billing.formatting import money, money_exact, money_shown, num, pct
 from billing.forms import BreakevenForm
 from billing.models import FocusExport
 from billing.month_close import closed_months_between, month_parse
-from fleet.models import Gpu
+from fleet.models import Gpu, Team
 from fleet.selectors import gpus_with_attribution, team_cost_centers
 
 RECENT_HOURS = 6  # raw samples shown on a GPU's page: recent enough to still be in the raw table
@@ -735,10 +735,17 @@ def _group_table(
     costs: bool,
     cur: str,
     cost_centers: dict[str, str] | None = None,
+    statement_qs: str | None = None,
 ) -> list[dict[str, Any]]:
+    """``statement_qs``: link each team to its printable statement for this range."""
     return [
         {
             "name": r.name,
+            "url": (
+                reverse("team-statement", args=[r.key]) + f"?{statement_qs}"
+                if statement_qs is not None and r.key
+                else ""
+            ),
             "cost_center": (cost_centers or {}).get(r.key, ""),
             "key": r.key,
             "gpus": r.gpu_count,
@@ -799,7 +806,13 @@ def chargeback(request: HttpRequest) -> HttpResponse:
             flt,
             "chargeback",
             figures=figures,
-            teams=_group_table(groups["team"], costs, cur, cost_centers=team_cost_centers()),
+            teams=_group_table(
+                groups["team"],
+                costs,
+                cur,
+                cost_centers=team_cost_centers(),
+                statement_qs=flt.range_querystring if costs else None,
+            ),
             pools=_group_table(groups["pool"], costs, cur),
             csv_team=f"/api/v1/costs?group_by=team&start={api_start}&end={api_end}&format=csv",
             csv_pool=f"/api/v1/costs?group_by=pool&start={api_start}&end={api_end}&format=csv",
@@ -1030,3 +1043,52 @@ def _focus_files() -> dict[str, Any]:
         "focus_months": [f"{m:%Y-%m}" for m in months],
         "focus_versions": focus.VERSIONS,
     }
+
+
+@login_required
+@permission_required("fleet.view_costs", raise_exception=True)
+def team_statement(request: HttpRequest, name: str) -> HttpResponse:
+    """Permission: fleet.view_costs (finance, admin): it is money. One team's chargeback for
+    the filter bar's range, made to be printed (the browser's print; a print stylesheet
+    leaves out the navigation): cost centre, GPU hours, air hours, idle cost and total, per
+    pool and per GPU, and any adjustments for closed months booked in the range."""
+    team = get_object_or_404(Team, name=name)
+    flt = dashboard_filters(request.GET)
+    cur = flt.currency
+    filters = dataclasses.replace(flt.filters, teams=(team.name,))
+    groups = selectors.cost_rows_by(
+        start=flt.start,
+        end=flt.end_exclusive,
+        group_bys=("team", "pool", "gpu"),
+        period="all",
+        filters=filters,
+    )
+
+    def lines(rows: list[selectors.CostRow]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": r.name,
+                "adjustment_for": r.adjustment_for,
+                "gpu_hours": num(r.capacity_hours, 1),
+                "air_hours": num(r.air_hours, 1),
+                "utilization": pct(r.utilization),
+                "idle_cost": money(r.idle_cost),
+                "total_cost": money(r.total_cost),
+            }
+            for r in sorted(rows, key=lambda r: (-r.total_cost, r.name))
+        ]
+
+    return render(
+        request,
+        "billing/team_statement.html",
+        _context(
+            request,
+            flt,
+            "chargeback",
+            team=team,
+            totals=lines(groups["team"]),
+            pools=lines(groups["pool"]),
+            gpus=lines(groups["gpu"]),
+            currency=cur,
+        ),
+    )

@@ -52,3 +52,35 @@ def test_teams_table_shows_cost_centres_and_the_monthly_csv(
     page = finance.get("/chargeback/", {"from": "2026-03-02", "to": "2026-03-02"}).content.decode()
     assert "<th>Cost centre</th>" in page and 'data-label="Cost centre">CC-4100<' in page
     assert "group_by=team&amp;period=month&amp;start=2026-03-02&amp;end=2026-03-03" in page
+
+
+def test_team_statement_is_printable_and_finance_only(
+    worked_example: Any, finance: Any, role_client: Any
+) -> None:
+    from fleet.models import Team
+
+    Team.objects.filter(name="research").update(cost_center="CC-4100")
+    day = {"from": "2026-03-02", "to": "2026-03-02"}
+    teams = finance.get("/chargeback/", day).content.decode()
+    assert 'href="/chargeback/teams/research/?from=2026-03-02&amp;to=2026-03-02"' in teams
+    page = finance.get("/chargeback/teams/research/", day).content.decode()
+    assert 'id="cost-center">CC-4100<' in page
+    # The worked example by hand: 24 GPU hours, 9 in the air, 37.5 %, idle 12.05, total 20.31,
+    # the same on the team, pool and GPU lines (one GPU in one pool).
+    total = page[page.index('id="statement-total"') : page.index('id="statement-pools"')]
+    for cell in ("24.0", "9.0", "37.5 %", "12.05", "20.31"):
+        assert f">{cell}</td>" in total, cell
+    gpus = page[page.index('id="statement-gpus"') :]
+    assert "gpu-07#0" in gpus and ">20.31</td>" in gpus
+    # Printing leaves out the navigation and the filter bar (the print stylesheet).
+    assert 'class="noprint"' in page
+    assert finance.get("/chargeback/teams/nobody/", day).status_code == 404
+    assert role_client("viewer").get("/chargeback/teams/research/", day).status_code == 403
+
+
+def test_print_stylesheet_hides_navigation_and_filters() -> None:
+    from pathlib import Path
+
+    css = (Path(__file__).resolve().parents[2] / "static/css/app.css").read_text()
+    rule = css[css.index("@media print") :]
+    assert ".topbar, .filters, .noprint" in rule and "display:none" in rule

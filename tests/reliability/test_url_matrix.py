@@ -176,6 +176,7 @@ TABLE: dict[str, list[Check]] = {
     # FOCUS files of whole months (billing/focus_exports.py): finance and admin. The matrix
     # posts no month, which is answered 400 naming it (tests/billing/test_focus_exports.py
     # builds one); it has no file to download.
+    "chargeback/teams/<str:name>/": [Check("GET", "/chargeback/teams/matrix-team/", PAGE_COSTS)],
     "chargeback/focus/": [
         Check("POST", "/chargeback/focus/", {**PAGE_COSTS, "finance": 400, "admin": 400})
     ],
