@@ -93,7 +93,8 @@ def month_reopen(
     *, month: dt.date, by: str, reason: str, now: dt.datetime | None = None
 ) -> CloseResult:
     """Reopen a closed month: its figures are live again until it is closed again. The
-    reason is required and kept. Raises ValueError naming ``reason`` or ``month``."""
+    reason is required and kept; a month with a closed month after it is refused (reopen
+    the latest first). Raises ValueError naming ``reason`` or ``month``."""
     if not reason.strip():
         raise ValueError("reason: a reopen needs a reason")
     now = now or timezone.now()
@@ -103,6 +104,13 @@ def month_reopen(
             raise ValueError(f"month: {month:%Y-%m} has never been closed")
         if not close.closed:
             return CloseResult(close, False, f"{month:%Y-%m} is open already")
+        later = MonthClose.objects.filter(closed=True, month__gt=month).order_by("-month").first()
+        if later is not None:
+            # A later closed month may carry adjustments for this one: reopening this alone
+            # would count that late data twice. Periods reopen from the latest back.
+            raise ValueError(
+                f"month: {later.month:%Y-%m} is closed after it; reopen {later.month:%Y-%m} first"
+            )
         ClosedSegment.objects.filter(close=close).delete()
         close.closed, close.segments_count = False, 0
         close.reopened_at, close.reopened_by, close.reopen_reason = now, by, reason.strip()

@@ -285,6 +285,9 @@ def test_an_adjustment_is_frozen_with_the_month_that_carries_it(
             ]
         )
         assert rows(finance, april_query) == april_before
+        # March cannot be reopened under a closed April (April carries its adjustment).
+        with pytest.raises(CommandError, match="month: 2026-04 is closed after it"):
+            call_command("reopen_month", "2026-03", "--reason", "x")
         may = rows(finance, {"start": "2026-05-01", "end": "2026-06-01", "group_by": "gpu"})
         (adjustment,) = [r for r in may if r["adjustment_for"] == "2026-03"]
         assert (adjustment["energy_cost"], adjustment["total_cost"]) == ("0.30", "0.30")
