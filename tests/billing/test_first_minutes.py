@@ -197,6 +197,7 @@ def test_cost_profiles_and_columns_carry_their_units(role_client: Any) -> None:
     columns = re.findall(r"<th[^>]*>([^<]+)</th>", header.group(0))
     assert columns == [
         "Team",
+        "Cost centre",
         "GPUs",
         "Util. %",
         "Air h / day",
