@@ -1,7 +1,9 @@
-"""The cost formulas of DESIGN.md §3, once: pure functions over plain data, no ORM.
+"""The cost formulas of docs/metrics.md ("Costs"), once: pure functions over plain data, no ORM.
 
-Every part of the product that shows a cost (selectors, dashboard, finance API, weekly email,
-benchmarks) calls these and never re-derives them. Money is ``Decimal`` in full precision and is
+``billing.selectors`` computes every cost through these functions, per GPU, period and
+depreciation phase (``billing/selectors/costs.py``); the dashboard, the finance API, the weekly
+email and the alerts show the selectors' figures, and ``billing/breakeven.py`` builds the
+break-even on the fixed rate they give. Money is ``Decimal`` in full precision and is
 rounded (``money_round``) only when shown or exported. Names carry their units. Hours and
 energies arrive as floats from the rollups and are turned into ``Decimal`` through their
 shortest ``repr`` (``to_decimal``), so 4.95 kWh is priced as 4.95, not as its binary expansion.
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TypeVar
 
-# Depreciation years are Julian years of 365.25 days: 8,766 hours (DESIGN.md §3).
+# Depreciation years are Julian years of 365.25 days: 8,766 hours (docs/metrics.md).
 HOURS_PER_YEAR = Decimal(8766)
 SECONDS_PER_HOUR = Decimal(3600)
 JOULES_PER_KWH = Decimal(3_600_000)
@@ -96,6 +98,15 @@ class CostTerms:
         return self.depreciation_years * HOURS_PER_YEAR
 
 
+def cost_profile_scopes(
+    *, gpu_uuid: str, hostname: str | None, pool_name: str | None, site_name: str | None
+) -> list[tuple[str, str]]:
+    """``(scope_kind, scope_name)`` of the scopes a GPU is in, most specific first (gpu >
+    node > pool > site); a scope without a name (no pool, no site) is left out."""
+    names = (gpu_uuid, hostname, pool_name, site_name)
+    return [(kind, name) for kind, name in zip(SCOPE_ORDER, names, strict=True) if name]
+
+
 def cost_profile_resolve(
     *,
     profiles: Mapping[tuple[str, str], T],
@@ -104,17 +115,16 @@ def cost_profile_resolve(
     pool_name: str | None,
     site_name: str | None,
 ) -> T | None:
-    """The profile of the most specific scope that has one: gpu > node > pool > site.
+    """The profile of the most specific scope that has one (``cost_profile_scopes``).
 
     ``profiles`` maps ``(scope_kind, scope_name)`` (e.g. ``("pool", "training")``) to anything.
     """
-    for scope_kind, scope_name in zip(
-        SCOPE_ORDER, (gpu_uuid, hostname, pool_name, site_name), strict=True
+    for scope in cost_profile_scopes(
+        gpu_uuid=gpu_uuid, hostname=hostname, pool_name=pool_name, site_name=site_name
     ):
-        if scope_name:
-            found = profiles.get((scope_kind, scope_name))
-            if found is not None:
-                return found
+        found = profiles.get(scope)
+        if found is not None:
+            return found
     return None
 
 
@@ -182,6 +192,12 @@ def mean_fixed_rate_per_hour(
 def fixed_cost_at_rate(*, fixed_rate_per_hour: Decimal, capacity_hours: Number) -> Decimal:
     """``fixed_rate × capacity hours`` over a stretch where the rate is constant."""
     return fixed_rate_per_hour * to_decimal(capacity_hours)
+
+
+def mean_rate_per_hour(*, fixed_cost: Decimal, capacity_hours: Decimal) -> Decimal:
+    """``fixed cost / capacity hours``: the capacity-weighted mean fixed rate of a group of
+    GPUs (0 without capacity)."""
+    return fixed_cost / capacity_hours if capacity_hours > 0 else Decimal(0)
 
 
 # --- capacity -------------------------------------------------------------------------------

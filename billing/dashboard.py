@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from django.db.models import Q
 from django.http import QueryDict
 from django.utils import timezone
 
+from billing import cost_model as cm
 from billing.forms import PRESETS, FilterForm
 from billing.models import CostProfile
 from billing.selectors import Filters
@@ -200,25 +202,24 @@ def range_bounds(flt: DashboardFilters) -> tuple[dt.datetime, dt.datetime]:
 
 
 def gpu_cost_profile(gpu: Gpu) -> CostProfile | None:
-    """The cost profile that applies to this GPU: the most specific scope wins (GPU, node,
-    pool, site; DESIGN.md §3). One query for all four candidates."""
+    """The cost profile that applies to this GPU, by ``cost_model.cost_profile_resolve``
+    (the most specific scope wins: GPU, node, pool, site). One query for all its scopes."""
     node = gpu.node
     site = node.effective_site
-    candidates = {("gpu", gpu.uuid): 0, ("node", node.hostname): 1}
-    if node.pool_id and node.pool:
-        candidates[("pool", node.pool.name)] = 2
-    if site is not None:
-        candidates[("site", site.name)] = 3
-    from django.db.models import Q
-
+    pool_name = node.pool.name if node.pool_id and node.pool else None
+    site_name = site.name if site is not None else None
     query = Q(pk__in=[])
-    for kind, name in candidates:
+    for kind, name in cm.cost_profile_scopes(
+        gpu_uuid=gpu.uuid, hostname=node.hostname, pool_name=pool_name, site_name=site_name
+    ):
         query |= Q(scope_kind=kind, scope_name=name)
-    found = sorted(
-        CostProfile.objects.filter(query),
-        key=lambda p: candidates[(p.scope_kind, p.scope_name)],
+    return cm.cost_profile_resolve(
+        profiles={(p.scope_kind, p.scope_name): p for p in CostProfile.objects.filter(query)},
+        gpu_uuid=gpu.uuid,
+        hostname=node.hostname,
+        pool_name=pool_name,
+        site_name=site_name,
     )
-    return found[0] if found else None
 
 
 SORTS = {

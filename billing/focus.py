@@ -301,7 +301,9 @@ def _chunk_charges(
                 FocusCharge(
                     charge=RENTAL if rented else FIXED,
                     pricing_quantity=acc.capacity_h,
-                    unit_price=acc.fixed_cost / acc.capacity_h if acc.capacity_h else Decimal(0),
+                    unit_price=cm.mean_rate_per_hour(
+                        fixed_cost=acc.fixed_cost, capacity_hours=acc.capacity_h
+                    ),
                     cost=acc.fixed_cost,
                     consumed_quantity=air_h,
                     idle_cost=acc.idle_cost - energy_idle,

@@ -137,7 +137,7 @@ def breakeven_compute(
             (computation.names.site(g.site_id) for g in members if g.site_id is not None), _NO_SITE
         )
     capacity_h = acc.capacity_h
-    fixed_rate = acc.fixed_cost / capacity_h if capacity_h > 0 else Decimal(0)
+    fixed_rate = cm.mean_rate_per_hour(fixed_cost=acc.fixed_cost, capacity_hours=capacity_h)
     owned_share = acc.owned_capacity_h / capacity_h if capacity_h > 0 else Decimal(1)
     economics = be.pool_economics(
         fixed_rate_per_hour=fixed_rate,

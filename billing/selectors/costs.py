@@ -47,31 +47,24 @@ def _group(segment: _Segment, group_by: str, names: _Names) -> tuple[str, str]:
     return (found, found) if found else ("", UNASSIGNED_NAME)
 
 
-_ZERO = Decimal(0)
-
-
 def _accumulate(acc: _Acc, segment: _Segment, names: _Names) -> None:
-    """Add one segment's hours and money to ``acc`` through the cost model.
-
-    The cost model's formulas (``hours_from_seconds``, ``kwh_from_joules``,
-    ``fixed_cost_at_rate``, ``energy_cost``, ``idle_cost``, ``co2e_kg``) are written out
-    here operation for operation, on the same Decimals in the same order, so the figures are
-    identical; this runs once per GPU, bucket and phase, and the calls and repeated
-    float → Decimal conversions were most of a dashboard page's time."""
+    """Add one segment's hours and money to ``acc``: every figure from ``billing.cost_model``
+    (the site's PUE, tariff and grid intensity are ``Decimal`` already; the rollup sums are
+    converted once each)."""
     gpu, sums = segment.gpu, segment.sums
     site = segment.site_terms or names.site(segment.site_id)
     rate = gpu.rates[segment.phase]
     terms = gpu.terms
-    rented = terms is not None and terms.kind == cm.RENTED
+    kind = gpu.kind
     offline_h = segment.offline_h
-    capacity_h = cm.to_decimal(sums["observed_s"]) / cm.SECONDS_PER_HOUR + offline_h
-    energy_kwh = cm.to_decimal(sums["energy_j"]) / cm.JOULES_PER_KWH
-    idle_energy_kwh = cm.to_decimal(sums["idle_energy_j"]) / cm.JOULES_PER_KWH
-    air_h = cm.to_decimal(sums["air_s"]) / cm.SECONDS_PER_HOUR
+    capacity_h = cm.hours_from_seconds(seconds=sums["observed_s"]) + offline_h
+    air_h = cm.hours_from_seconds(seconds=sums["air_s"])
+    energy_kwh = cm.kwh_from_joules(energy_j=sums["energy_j"])
+    idle_energy_kwh = cm.kwh_from_joules(energy_j=sums["idle_energy_j"])
     if capacity_h > 0:
         acc.gpu_ids.add(gpu.id)
     acc.capacity_h += capacity_h
-    if not rented:
+    if kind != cm.RENTED:
         acc.owned_capacity_h += capacity_h
     acc.offline_h += offline_h
     acc_sums = acc.sums
@@ -79,17 +72,22 @@ def _accumulate(acc: _Acc, segment: _Segment, names: _Names) -> None:
         acc_sums[name] += sums[name]
     acc.energy_kwh += energy_kwh
     acc.idle_energy_kwh += idle_energy_kwh
-    acc.fixed_cost += rate * capacity_h
-    pue = cm.to_decimal(site.pue)
-    if rented:  # the rate includes energy
-        energy_cost = idle_energy_cost = _ZERO
-    else:
-        price = cm.to_decimal(site.price_per_kwh)
-        energy_cost = energy_kwh * pue * price
-        idle_energy_cost = idle_energy_kwh * pue * price
-    acc.energy_cost += energy_cost
-    acc.idle_cost += rate * (capacity_h - air_h) + idle_energy_cost
-    acc.co2e_kg += float(energy_kwh * pue * cm.to_decimal(site.grid_g_per_kwh) / cm.GRAMS_PER_KG)
+    acc.fixed_cost += cm.fixed_cost_at_rate(fixed_rate_per_hour=rate, capacity_hours=capacity_h)
+    acc.energy_cost += cm.energy_cost(
+        kind=kind, energy_kwh=energy_kwh, pue=site.pue, price_per_kwh=site.price_per_kwh
+    )
+    acc.idle_cost += cm.idle_cost(
+        kind=kind,
+        fixed_rate_per_hour=rate,
+        capacity_hours=capacity_h,
+        air_hours=air_h,
+        idle_energy_kwh=idle_energy_kwh,
+        pue=site.pue,
+        price_per_kwh=site.price_per_kwh,
+    )
+    acc.co2e_kg += cm.co2e_kg(
+        energy_kwh=energy_kwh, pue=site.pue, grid_g_per_kwh=site.grid_g_per_kwh
+    )
     if terms is None or site.name is None:
         acc.priced = False
     if gpu.max_power_w is not None and gpu.idle_power_w is not None:
@@ -156,7 +154,9 @@ def _cost_row(
         ),
         priced=acc.priced,
         currency=currency,
-        nominal_rate_per_hour=acc.fixed_cost / acc.capacity_h if acc.capacity_h > 0 else Decimal(0),
+        nominal_rate_per_hour=cm.mean_rate_per_hour(
+            fixed_cost=acc.fixed_cost, capacity_hours=acc.capacity_h
+        ),
         closed=closed,
         adjustment_for=adjustment_for,
     )

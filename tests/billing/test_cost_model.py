@@ -40,11 +40,16 @@ def test_worked_example_day_to_the_cent():
     assert six(fixed) == Decimal("18.827105")  # 0.7844627 × 24
     energy = cm.energy_cost(kind="owned", energy_kwh=4.95, pue=PUE, price_per_kwh=PRICE)
     assert energy == Decimal("1.485")  # 4.95 × 1.5 × 0.20
+    # The selectors price a stretch at one rate: rate × capacity hours, the same 18.827105.
+    rate = cm.fixed_rate_per_hour(terms=EXAMPLE)
+    assert cm.fixed_cost_at_rate(fixed_rate_per_hour=rate, capacity_hours=Decimal(24)) == fixed
+    mean = cm.mean_rate_per_hour(fixed_cost=fixed, capacity_hours=Decimal(24))
+    assert six(mean) == Decimal("0.784463")  # the rate again (to the last digit or two)
+    assert cm.mean_rate_per_hour(fixed_cost=fixed, capacity_hours=Decimal(0)) == 0
     total = cm.total_cost(fixed_cost=fixed, energy_cost=energy)
     assert six(total) == Decimal("20.312105")
     assert cm.money_round(total) == Decimal("20.31")
 
-    rate = cm.fixed_rate_per_hour(terms=EXAMPLE)
     idle = cm.idle_cost(
         kind="owned",
         fixed_rate_per_hour=rate,
@@ -110,6 +115,9 @@ def test_fixed_cost_splits_the_hour_depreciation_ends_in():
         terms=CLEAN, service_start=CLEAN_START, start=hour, end=hour + dt.timedelta(hours=1)
     )
     assert six(mean) == Decimal("0.833333")
+    # The selectors price that hour at its mean rate: the same 0.833333.
+    at_mean = cm.fixed_cost_at_rate(fixed_rate_per_hour=mean, capacity_hours=Decimal(1))
+    assert six(at_mean) == Decimal("0.833333")
     # The whole day: 6 h 20 min at 1.50 (9.50) + 17 h 40 min at 0.50 (8.833333) = 18.333333
     day = cm.fixed_cost(
         terms=CLEAN,
@@ -178,6 +186,17 @@ def test_cost_profile_resolution_most_specific_wins():
         == "site"
     )
     assert cm.cost_profile_resolve(profiles={}, **kw) is None
+    # The scopes the GPU page asks the database for: those with a name, most specific first.
+    assert cm.cost_profile_scopes(**kw) == [
+        ("gpu", "GPU-1"),
+        ("node", "gpu-07"),
+        ("pool", "train"),
+        ("site", "fra1"),
+    ]
+    assert cm.cost_profile_scopes(**{**kw, "pool_name": None, "site_name": None}) == [
+        ("gpu", "GPU-1"),
+        ("node", "gpu-07"),
+    ]
 
 
 def test_capacity_interval_clips_to_service_and_now():

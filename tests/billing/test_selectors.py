@@ -294,6 +294,40 @@ def test_rented_and_owned_side_by_side(fleet):
     assert result.fixed_rate_per_hour == Decimal("1.925")  # (36.00 + 56.40) / 48
 
 
+def test_gpu_page_and_selectors_resolve_the_same_profile(fleet):
+    """The GPU page names the profile the selectors price with: the most specific scope
+    (GPU > node > pool > site), the site being the node's own before its pool's."""
+    from billing.dashboard import gpu_cost_profile
+
+    pool_site = fleet.site("fra1")
+    node_site = fleet.site("ams1")
+    pool = fleet.pool("train", site=pool_site)
+    node = fleet.node("n1", pool=pool, site=node_site)
+    gpu = fleet.gpu("GPU-1", node=node, in_service_at=at("2026-03-01T00"))
+    profiles = {
+        "site:fra1": fleet.rented("site:fra1", rental_rate_per_hour="1.00"),  # not its site
+        "site:ams1": fleet.rented("site:ams1", rental_rate_per_hour="2.00"),
+        "pool:train": fleet.rented("pool:train", rental_rate_per_hour="3.00"),
+        "node:n1": fleet.rented("node:n1", rental_rate_per_hour="4.00"),
+        "gpu:GPU-1": fleet.rented("gpu:GPU-1", rental_rate_per_hour="5.00"),
+    }
+    # 24 capacity hours on 2026-03-02 (offline: no rollups): fixed cost = 24 × the rate.
+    for scope, fixed in (
+        ("gpu:GPU-1", "120.00"),
+        ("node:n1", "96.00"),
+        ("pool:train", "72.00"),
+        ("site:ams1", "48.00"),
+    ):
+        assert gpu_cost_profile(gpu) == profiles[scope]
+        (row,) = cost_rows(start=EXAMPLE_DAY, end=NEXT_DAY, now=EXAMPLE_NOW)
+        assert row.fixed_cost == Decimal(fixed)
+        profiles.pop(scope).delete()
+    # Left: the profile of a site the GPU is not at.
+    assert gpu_cost_profile(gpu) is None
+    (row,) = cost_rows(start=EXAMPLE_DAY, end=NEXT_DAY, now=EXAMPLE_NOW)
+    assert row.fixed_cost == 0 and not row.priced
+
+
 def test_no_profile_or_no_site_is_not_priced(fleet):
     site = fleet.site("fra1", pue="1.5", price_per_kwh="0.20", grid_g_per_kwh=400.0)
     node = fleet.node("n1", site=site)
