@@ -10,6 +10,7 @@ the 4 hours now in the air, 4 × 0.78446269678… = 3.1378507871 → −3.14.
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 from decimal import Decimal
 from typing import Any
@@ -292,3 +293,27 @@ def test_an_adjustment_is_frozen_with_the_month_that_carries_it(
         (adjustment,) = [r for r in may if r["adjustment_for"] == "2026-03"]
         assert (adjustment["energy_cost"], adjustment["total_cost"]) == ("0.30", "0.30")
         assert adjustment["idle_cost"] == "0.30"  # idle energy; the fixed rate paid as before
+
+
+def test_weekly_report_of_a_closed_week_does_not_move(
+    worked_example: Any, fleet: Any, april: Any
+) -> None:
+    """The email's figures come from the close too: the week of 2 March reads the same
+    before and after a late batch for that Monday, but for its break-even section, which
+    reads the rollups directly and is not frozen (docs/finance.md)."""
+    from billing.report import weekly_report_build, weekly_report_render
+
+    def frozen_part() -> str:
+        data = weekly_report_build(week_start=dt.date(2026, 3, 2), now=CLOSE_NOW)
+        text = weekly_report_render(data, with_chart=False).text
+        return text[: text.index("BREAK-EVEN")] + text[text.index("OFFLINE GPUS") :]
+
+    close()
+    before = frozen_part()
+    # 2 March (24 h, 20.31) and 3-8 March offline (144 h): 168 h at 0.78446269678… plus
+    # 1.485 of energy = 133.27.
+    assert "- Total cost: 133.27 USD" in before
+    late_batch(fleet, worked_example)
+    assert frozen_part() == before
+    call_command("reopen_month", "2026-03", "--reason", "check the email moves when open")
+    assert "- Total cost: 133.75 USD" in frozen_part()  # + the late 0.48
