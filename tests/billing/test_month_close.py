@@ -317,3 +317,22 @@ def test_weekly_report_of_a_closed_week_does_not_move(
     assert frozen_part() == before
     call_command("reopen_month", "2026-03", "--reason", "check the email moves when open")
     assert "- Total cost: 133.75 USD" in frozen_part()  # + the late 0.48
+
+
+def test_a_focus_1_0_file_with_corrections_passes_the_focus_validator(
+    worked_example: Any, fleet: Any, april: Any, tmp_path: Any
+) -> None:
+    import json
+
+    from tests.billing.test_focus import KNOWN_VALIDATOR_DEFECTS, focus_validator
+
+    close()
+    late_batch(fleet, worked_example)
+    response = april.get(FOCUS, {"start": "2026-04-01", "end": "2026-04-05", "version": "1.0"})
+    text = b"".join(response.streaming_content).decode()
+    assert ",Adjustment,Correction," in text
+    data, overrides = tmp_path / "focus.csv", tmp_path / "overrides.yaml"
+    data.write_text(text)
+    overrides.write_text(json.dumps({"overrides": list(KNOWN_VALIDATOR_DEFECTS)}))
+    output = focus_validator(data, overrides)
+    assert "Validation succeeded." in output, output[-4000:]
