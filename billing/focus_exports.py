@@ -44,8 +44,15 @@ def focus_export_request(*, month: dt.date, version: str, by: str) -> FocusExpor
     from billing.tasks import focus_export_task
 
     pk = export.pk
+
+    def dispatch() -> None:
+        try:
+            focus_export_task.delay(pk)
+        except Exception:  # the broker away: the row stays pending; asking again re-sends
+            logger.warning("FOCUS export %s not dispatched; it stays pending", pk)
+
     # After the commit, so the worker finds the row; without a broker it runs here.
-    transaction.on_commit(lambda: focus_export_task.delay(pk))
+    transaction.on_commit(dispatch)
     return export
 
 
