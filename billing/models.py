@@ -130,3 +130,93 @@ class WorkloadTeamRule(models.Model):
     @property
     def match(self) -> str:
         return f"{self.match_field}:{self.pattern}"
+
+
+class MonthClose(models.Model):
+    """One month's close (docs/finance.md): while ``closed``, every figure of the month comes
+    from its ``ClosedSegment`` rows, whatever data arrives late; the difference late data
+    makes is booked as an adjustment in the first open month after it.
+
+    ``month`` is the first day of the month in the report time zone. Who closed it and when
+    is kept; a reopen (admins, with a reason) keeps who, when and why until the next close.
+    """
+
+    month = models.DateField(unique=True)
+    closed = models.BooleanField(default=True)
+    closed_at = models.DateTimeField()
+    closed_by = models.CharField(max_length=150)
+    zone = models.CharField(max_length=64, help_text="The report time zone at the close")
+    segments_count = models.PositiveIntegerField(default=0)
+    reopened_at = models.DateTimeField(null=True, blank=True)
+    reopened_by = models.CharField(max_length=150, blank=True)
+    reopen_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-month"]
+
+    def __str__(self) -> str:
+        state = "closed" if self.closed else "reopened"
+        return f"{self.month:%Y-%m} ({state})"
+
+
+class ClosedSegment(models.Model):
+    """One GPU's figures for one local day, attribution and rate of a closed month, as the
+    close computed them: the hourly rollups' sums, the offline hours, and the terms they
+    were priced at (fixed rate, kind, the site's PUE, tariff and grid intensity), so the
+    cost model gives the same money from them whatever changes afterwards.
+
+    ``figures``: ``{"sums": {column: float}, "offline_h": str, "rate": str, "kind": str,
+    "site": str | null, "pue": str, "price_per_kwh": str, "grid_g_per_kwh": str}`` (decimals
+    as strings: exact on every database).
+    """
+
+    close = models.ForeignKey(MonthClose, on_delete=models.CASCADE, related_name="segments")
+    day = models.DateField()
+    gpu = models.ForeignKey("fleet.Gpu", on_delete=models.CASCADE, related_name="+")
+    # Attribution as stored with the rollups (ids, not keys: a node, pool, team or site
+    # deleted later must not delete a closed month's figures).
+    node_id_at = models.BigIntegerField(null=True)
+    pool_id_at = models.BigIntegerField(null=True)
+    team_id_at = models.BigIntegerField(null=True)
+    site_id_at = models.BigIntegerField(null=True)
+    figures = models.JSONField()
+    # Set on the adjustment a closed month carried for late data of an earlier closed
+    # month: the day it corrects (so that adjustment is not booked a second time).
+    adjusts = models.DateField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["day"], name="billing_closedseg_day"),
+            models.Index(fields=["adjusts"], name="billing_closedseg_adjusts"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} {self.day}"
+
+
+class FocusExport(models.Model):
+    """A FOCUS file of one month, built by a Celery task (docs/finance.md) and downloaded
+    from the Teams and pools page; gzip-compressed CSV. One row per month and version:
+    asking again rebuilds it."""
+
+    PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+    STATES = [(s, s) for s in (PENDING, RUNNING, DONE, FAILED)]
+
+    month = models.DateField(help_text="First day of the month, report time zone")
+    version = models.CharField(max_length=8)
+    state = models.CharField(max_length=8, choices=STATES, default=PENDING)
+    requested_by = models.CharField(max_length=150)
+    requested_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    rows = models.PositiveIntegerField(default=0)
+    content = models.BinaryField(default=b"", help_text="gzip of the CSV")
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-month", "version"]
+        constraints = [
+            models.UniqueConstraint(fields=["month", "version"], name="billing_focus_month")
+        ]
+
+    def __str__(self) -> str:
+        return f"FOCUS {self.version} {self.month:%Y-%m} ({self.state})"

@@ -33,3 +33,19 @@ def weekly_report_task() -> str:
     from billing.report import weekly_report_send_due
 
     return weekly_report_send_due().message
+
+
+@shared_task(  # type: ignore[untyped-decorator]
+    name="billing.tasks.focus_export_task",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=30,
+    max_retries=3,
+    ignore_result=True,
+)
+def focus_export_task(export_id: int) -> str:
+    """Builds one month's FOCUS file that finance asked for (billing.focus_exports)."""
+    from billing.focus_exports import focus_export_build
+
+    return focus_export_build(export_id=export_id)

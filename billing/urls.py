@@ -10,5 +10,8 @@ urlpatterns = [
     path("fleet/heatmap/", views.heatmap, name="heatmap"),
     path("gpus/<str:uuid>/", views.gpu_detail, name="gpu-detail"),
     path("chargeback/", views.chargeback, name="chargeback"),
+    path("chargeback/teams/<str:name>/", views.team_statement, name="team-statement"),
+    path("chargeback/focus/", views.focus_export_create, name="focus-export-create"),
+    path("chargeback/focus/<int:pk>/", views.focus_export_download, name="focus-export-download"),
     path("breakeven/", views.breakeven, name="breakeven"),
 ]

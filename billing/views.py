@@ -16,13 +16,14 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from django.contrib.auth.decorators import login_required, permission_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 from django.utils import timezone
+from django.views.decorators.http import require_POST
 
 from billing import breakeven as be
-from billing import charts, selectors
+from billing import charts, focus, selectors
 from billing import cost_model as cm
 from billing.dashboard import (
     FILTER_KEYS,
@@ -34,9 +35,12 @@ from billing.dashboard import (
     gpu_cost_profile,
     range_bounds,
 )
+from billing.focus_exports import focus_export_filename, focus_export_request
 from billing.formatting import money, money_exact, money_shown, num, pct
 from billing.forms import FLEET_CHOICE, BreakevenForm
-from fleet.models import Gpu
+from billing.models import FocusExport
+from billing.month_close import closed_months_between, month_parse
+from fleet.models import Gpu, Team
 from fleet.selectors import gpus_with_attribution, team_cost_centers
 
 RECENT_HOURS = 6  # raw samples shown on a GPU's page: recent enough to still be in the raw table
@@ -59,6 +63,7 @@ def _context(
         "dark_colours": charts.DARK,
         "can_view_costs": _can_view_costs(request),
         "currency": flt.currency,
+        "closed_months": closed_months_between(start=flt.start, end=flt.end_exclusive),
         **extra,
     }
 
@@ -822,13 +827,20 @@ def _group_table(
     cur: str,
     *,
     cost_centers: dict[str, str] | None = None,
+    statement_qs: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The Teams or Pools table's rows; teams name their cost centre (``cost_centers``)."""
+    """The Teams or Pools table's rows; teams name their cost centre (``cost_centers``) and,
+    with ``statement_qs``, link to their printable statement for this range."""
     return [
         {
             "name": r.name,
-            "key": r.key,
+            "url": (
+                reverse("team-statement", args=[r.key]) + f"?{statement_qs}"
+                if statement_qs is not None and r.key
+                else ""
+            ),
             "cost_center": (cost_centers or {}).get(r.key, ""),
+            "key": r.key,
             "gpus": r.gpu_count,
             "utilization": pct(r.utilization),
             "work_utilization": _work_text(r),
@@ -889,10 +901,22 @@ def chargeback(request: HttpRequest) -> HttpResponse:
             flt,
             "chargeback",
             figures=figures,
-            teams=_group_table(groups["team"], costs, cur, cost_centers=team_cost_centers()),
+            teams=_group_table(
+                groups["team"],
+                costs,
+                cur,
+                cost_centers=team_cost_centers(),
+                statement_qs=flt.range_querystring if costs else None,
+            ),
             pools=_group_table(groups["pool"], costs, cur),
             csv_team=f"/api/v1/costs?group_by=team&start={api_start}&end={api_end}&format=csv",
             csv_pool=f"/api/v1/costs?group_by=pool&start={api_start}&end={api_end}&format=csv",
+            csv_team_month=(
+                f"/api/v1/costs?group_by=team&period=month&start={api_start}&end={api_end}"
+                "&format=csv"
+            ),
+            focus_csv=f"/api/v1/focus?start={api_start}&end={api_end}",
+            **(_focus_files() if costs else {}),
         ),
     )
 
@@ -1134,3 +1158,94 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
     # replaces it (django.utils.log.log_response skips a response marked as logged).
     response._has_been_logged = True  # type: ignore[attr-defined]
     return response
+
+
+@login_required
+@permission_required("fleet.view_costs", raise_exception=True)
+@require_POST
+def focus_export_create(request: HttpRequest) -> HttpResponse:
+    """Permission: fleet.view_costs (finance, admin). POST ``month=YYYY-MM`` and
+    ``version`` (1.2 or 1.0): a worker builds that month's FOCUS file; the Teams and pools
+    page lists it. A bad month or version answers 400 naming it."""
+    try:
+        month = month_parse(request.POST.get("month", ""))
+        focus_export_request(
+            month=month,
+            version=request.POST.get("version", focus.DEFAULT_VERSION),
+            by=request.user.get_username(),
+        )
+    except ValueError as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    return redirect(reverse("chargeback") + "#focus-files")
+
+
+@login_required
+@permission_required("fleet.view_costs", raise_exception=True)
+def focus_export_download(request: HttpRequest, pk: int) -> HttpResponse:
+    """Permission: fleet.view_costs (finance, admin). A built FOCUS file (gzip CSV)."""
+    export = get_object_or_404(FocusExport, pk=pk, state=FocusExport.DONE)
+    response = HttpResponse(bytes(export.content), content_type="application/gzip")
+    response["Content-Disposition"] = f'attachment; filename="{focus_export_filename(export)}"'
+    return response
+
+
+def _focus_files() -> dict[str, Any]:
+    """The Teams and pools page's FOCUS section: recent files and the months to ask for."""
+    today = timezone.now().date().replace(day=1)
+    months = [today]
+    while len(months) < 13:
+        months.append((months[-1] - dt.timedelta(days=1)).replace(day=1))
+    return {
+        "focus_exports": list(FocusExport.objects.defer("content")[:12]),
+        "focus_months": [f"{m:%Y-%m}" for m in months],
+        "focus_versions": focus.VERSIONS,
+    }
+
+
+@login_required
+@permission_required("fleet.view_costs", raise_exception=True)
+def team_statement(request: HttpRequest, name: str) -> HttpResponse:
+    """Permission: fleet.view_costs (finance, admin): it is money. One team's chargeback for
+    the filter bar's range, made to be printed (the browser's print; a print stylesheet
+    leaves out the navigation): cost centre, GPU hours, air hours, idle cost and total, per
+    pool and per GPU, and any adjustments for closed months booked in the range."""
+    team = get_object_or_404(Team, name=name)
+    flt = dashboard_filters(request.GET)
+    cur = flt.currency
+    filters = dataclasses.replace(flt.filters, teams=(team.name,))
+    groups = selectors.cost_rows_by(
+        start=flt.start,
+        end=flt.end_exclusive,
+        group_bys=("team", "pool", "gpu"),
+        period="all",
+        filters=filters,
+    )
+
+    def lines(rows: list[selectors.CostRow]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": r.name,
+                "adjustment_for": r.adjustment_for,
+                "gpu_hours": num(r.capacity_hours, 1),
+                "air_hours": num(r.air_hours, 1),
+                "utilization": pct(r.utilization),
+                "idle_cost": money(r.idle_cost),
+                "total_cost": money(r.total_cost),
+            }
+            for r in sorted(rows, key=lambda r: (-r.total_cost, r.name))
+        ]
+
+    return render(
+        request,
+        "billing/team_statement.html",
+        _context(
+            request,
+            flt,
+            "chargeback",
+            team=team,
+            totals=lines(groups["team"]),
+            pools=lines(groups["pool"]),
+            gpus=lines(groups["gpu"]),
+            currency=cur,
+        ),
+    )

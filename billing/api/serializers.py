@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -19,6 +19,8 @@ from rest_framework.fields import empty
 
 from billing.breakeven import OwningInstead
 from billing.cost_model import money_round
+from billing.focus import DEFAULT_VERSION as FOCUS_DEFAULT_VERSION
+from billing.focus import VERSIONS as FOCUS_VERSIONS
 from billing.models import CostProfile
 from billing.selectors import PERIODS, BreakevenResult, CostRow
 from fleet.bounds import DATE_RANGE_TEXT, date_validator
@@ -98,11 +100,13 @@ COST_COLUMNS: tuple[str, ...] = (
     "tensor_hours",
     "tensor_utilization",
     "cost_per_work_hour",
+    "closed",
+    "adjustment_for",
 )
 # Grouped by team, a row also names the team's cost centre, after its name (chargeback).
 TEAM_COST_COLUMNS: tuple[str, ...] = (*COST_COLUMNS[:2], "cost_center", *COST_COLUMNS[2:])
 # Cells that carry names people typed (GPU, team, pool… names): escaped in CSV.
-COST_TEXT_COLUMNS = frozenset({"key", "name", "cost_center", "currency"})
+COST_TEXT_COLUMNS = frozenset({"key", "name", "cost_center", "currency", "adjustment_for"})
 _FLOAT_FIELDS = (
     "capacity_hours",
     "observed_hours",
@@ -145,7 +149,7 @@ def cost_columns(group_by: str) -> tuple[str, ...]:
 
 
 def cost_row_data(
-    row: CostRow, *, zone: ZoneInfo, cost_centers: dict[str, str] | None = None
+    row: CostRow, *, zone: ZoneInfo, cost_centers: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """One selector row as the API shows it (JSON) and exports it (CSV). With
     ``cost_centers`` (team name → cost centre) the row is a team's and names its cost centre
@@ -158,6 +162,8 @@ def cost_row_data(
         "gpu_count": row.gpu_count,
         "currency": row.currency,
         "priced": row.priced,
+        "closed": row.closed,
+        "adjustment_for": row.adjustment_for,
     }
     for name in _FLOAT_FIELDS:
         data[name] = num(getattr(row, name))
@@ -257,6 +263,14 @@ class CostsQuerySerializer(RangeQuerySerializer):
         return _known(value, GpuModel, "key", "model")
 
 
+class FocusQuerySerializer(RangeQuerySerializer):
+    version = serializers.ChoiceField(
+        choices=FOCUS_VERSIONS,
+        default=FOCUS_DEFAULT_VERSION,
+        help_text="FOCUS version of the columns: 1.2 (what FinOps tools import today) or 1.0.",
+    )
+
+
 class CostRowSerializer(serializers.Serializer[Any]):
     """Documents one cost row (what ``cost_row_data`` produces); money is a decimal string."""
 
@@ -321,6 +335,16 @@ class CostRowSerializer(serializers.Serializer[Any]):
         decimal_places=2,
         allow_null=True,
         help_text="Total cost of the GPU-hours with sm_active / their work hours; null without",
+    )
+    closed = serializers.BooleanField(
+        help_text="true: the period lies in closed months; its figures are those of the close"
+    )
+    adjustment_for = serializers.CharField(
+        allow_null=True,
+        help_text=(
+            "YYYY-MM on an adjustment row: what late data changed in that closed month, "
+            "booked in this period (the first open month after it); null on regular rows"
+        ),
     )
 
 

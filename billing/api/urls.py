@@ -10,6 +10,7 @@ router.register("cost-profiles", views.CostProfileViewSet, basename="cost-profil
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("costs", views.CostsView.as_view(), name="api-costs"),
+    path("focus", views.FocusView.as_view(), name="api-focus"),
     path("breakeven", views.BreakevenView.as_view(), name="api-breakeven"),
     *router.urls,
 ]

@@ -20,7 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing import selectors
+from billing import focus, selectors
 from billing.api.csv import CsvRenderer, csv_stream
 from billing.api.filters import CostProfileFilterSet
 from billing.api.serializers import (
@@ -30,6 +30,7 @@ from billing.api.serializers import (
     CostPageSerializer,
     CostProfileSerializer,
     CostsQuerySerializer,
+    FocusQuerySerializer,
     breakeven_arguments,
     breakeven_data,
     cost_columns,
@@ -81,6 +82,13 @@ def cost_rows_chunked(
         yield from selectors.cost_rows(
             start=chunk_start, end=chunk_end, group_by=group_by, period=period, filters=filters
         )
+
+
+def csv_attachment(lines: Iterable[str], *, filename: str) -> StreamingHttpResponse:
+    """CSV lines streamed as they are made, as a download named ``filename``."""
+    response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
 
 
 class CostRowPagination(Pagination):
@@ -181,16 +189,49 @@ class CostsView(FinanceAPIView):
                 columns=cost_columns(params["group_by"]),
                 text_columns=COST_TEXT_COLUMNS,
             )
-            response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
             filename = "costs_{}_{}_{}_{}.csv".format(
                 params["start"], params["end"], params["group_by"], params["period"]
             )
-            response["Content-Disposition"] = f'attachment; filename="{filename}"'
-            return response
+            return csv_attachment(lines, filename=filename)
         page = paginator.paginate_iterable(rows, request)
         return paginator.get_paginated_response(
             [cost_row_data(r, zone=zone, cost_centers=centers) for r in page]
         )
+
+
+class FocusView(FinanceAPIView):
+    renderer_classes = [CsvRenderer, JSONRenderer]
+
+    @extend_schema(
+        operation_id="focus_export",
+        summary="FinOps FOCUS export: one row per GPU, day and charge (CSV)",
+        description=(
+            "The FinOps Foundation's FOCUS format over [start, end) (local days of the report "
+            "time zone; every time in the file is UTC). Owned GPUs: a fixed charge "
+            "(depreciation and opex, per GPU-hour of capacity) and an energy charge (per "
+            "kWh); rented GPUs: a rental charge. Amounts are unrounded (ten decimals), so "
+            "sums equal the costs API to the cent. `version` 1.2 (default) or 1.0: exactly "
+            "that version's columns, then custom `x_` columns. An empty range gives the "
+            "header only. See docs/finance.md."
+        ),
+        parameters=[FocusQuerySerializer],
+        responses={(200, "text/csv"): OpenApiTypes.STR, **_ERRORS},
+        tags=["finance"],
+    )
+    def get(self, request: Request) -> Any:
+        _, _, today = self.clock()
+        query = FocusQuerySerializer(data=request.query_params, context={"today": today})
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        version = params["version"]
+        charges = focus.focus_charges(start=params["start"], end=params["end"])
+        lines = csv_stream(
+            (focus.focus_row(charge, version=version) for charge in charges),
+            columns=focus.COLUMNS[version],
+            text_columns=focus.TEXT_COLUMNS,
+        )
+        filename = "focus-{}_{}_{}.csv".format(version, params["start"], params["end"])
+        return csv_attachment(lines, filename=filename)
 
 
 class BreakevenView(FinanceAPIView):

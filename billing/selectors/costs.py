@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from billing import cost_model as cm
+from billing.selectors.closing import adjustment_negligible
+from billing.selectors.closing import compute as _compute
 from billing.selectors.loading import _load
-from billing.selectors.sums import _compute, _kept
+from billing.selectors.sums import _kept
 from billing.selectors.types import (
     UNASSIGNED_NAME,
     CostRow,
@@ -50,7 +52,7 @@ def _accumulate(acc: _Acc, segment: _Segment, names: _Names) -> None:
     (the site's PUE, tariff and grid intensity are ``Decimal`` already; the rollup sums are
     converted once each)."""
     gpu, sums = segment.gpu, segment.sums
-    site = names.site(segment.site_id)
+    site = segment.site_terms or names.site(segment.site_id)
     rate = gpu.rates[segment.phase]
     terms = gpu.terms
     kind = gpu.kind
@@ -120,6 +122,8 @@ def _cost_row(
     local_start: dt.datetime,
     local_end: dt.datetime,
     currency: str,
+    closed: bool = False,
+    adjustment_for: str | None = None,
 ) -> CostRow:
     s = acc.sums
     air_h = cm.hours_from_seconds(seconds=s["air_s"])
@@ -185,18 +189,23 @@ def _cost_row(
         nominal_rate_per_hour=cm.mean_rate_per_hour(
             fixed_cost=acc.fixed_cost, capacity_hours=acc.capacity_h
         ),
+        closed=closed,
+        adjustment_for=adjustment_for,
     )
 
 
 def _grouped(
     computation: _Computation, group_by: str
-) -> dict[tuple[_Bucket, str], tuple[str, _Acc]]:
-    groups: dict[tuple[_Bucket, str], tuple[str, _Acc]] = {}
+) -> dict[tuple[_Bucket, str, str | None], tuple[str, _Acc]]:
+    """Per bucket, group and adjusted month (None: the bucket's own figures; "YYYY-MM": the
+    adjustment for late data of that closed month, a row of its own)."""
+    groups: dict[tuple[_Bucket, str, str | None], tuple[str, _Acc]] = {}
     for segment in computation.segments:
         key, name = _group(segment, group_by, computation.names)
-        entry = groups.get((segment.bucket, key))
+        adjusts = f"{segment.adjusts:%Y-%m}" if segment.adjusts is not None else None
+        entry = groups.get((segment.bucket, key, adjusts))
         if entry is None:
-            entry = groups[(segment.bucket, key)] = (name, _Acc())
+            entry = groups[(segment.bucket, key, adjusts)] = (name, _Acc())
         _accumulate(entry[1], segment, computation.names)
     return groups
 
@@ -251,7 +260,7 @@ def _rows(computation: _Computation, group_by: str) -> list[CostRow]:
         by_span: dict[tuple[dt.date, dt.date], set[int]] = defaultdict(set)
         for gpu_id, span in computation.pooled.items():
             by_span[span].add(gpu_id)  # few spans: most GPUs share one
-        for (bucket, _key), (_name, acc) in grouped.items():
+        for (bucket, _key, _adjusts), (_name, acc) in grouped.items():
             for (first, last), ids in by_span.items():
                 if first <= bucket.key < last:
                     acc.gpu_ids |= ids
@@ -263,10 +272,13 @@ def _rows(computation: _Computation, group_by: str) -> list[CostRow]:
             local_start=bucket.local_start,
             local_end=bucket.local_end,
             currency=computation.currency,
+            closed=adjusts is None and bucket.key in computation.closed_buckets,
+            adjustment_for=adjusts,
         )
-        for (bucket, key), (name, acc) in grouped.items()
+        for (bucket, key, adjusts), (name, acc) in grouped.items()
+        if adjusts is None or not adjustment_negligible(acc)
     ]
-    rows.sort(key=lambda r: (r.period_start, r.key))
+    rows.sort(key=lambda r: (r.period_start, r.key, r.adjustment_for or ""))
     return rows
 
 

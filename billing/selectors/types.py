@@ -80,6 +80,8 @@ class CostRow:
     priced: bool  # False when any GPU in the row has no cost profile or no site
     currency: str
     nominal_rate_per_hour: Decimal  # capacity-weighted mean fixed rate
+    closed: bool = False  # the whole period lies in closed months: frozen figures
+    adjustment_for: str | None = None  # "YYYY-MM": late data for that closed month
 
 
 # --- plain data the computation works on ----------------------------------------------------
@@ -151,6 +153,8 @@ class _Segment:
     site_id: int | None
     sums: dict[str, float] = field(default_factory=dict)
     offline_h: Decimal = Decimal(0)
+    site_terms: _SiteTerms | None = None  # a closed month's: priced as at its close
+    adjusts: dt.date | None = None  # the closed day whose late data this adjusts
 
 
 @dataclass
@@ -202,6 +206,8 @@ class _Computation:
     # Pooled (fleet trend only): per GPU, the days [from, to) summed per rate class, not per
     # GPU; those segments carry a stand-in GPU of the class.
     pooled: dict[int, tuple[dt.date, dt.date]] = field(default_factory=dict)  # GPU: [from, to)
+    # Keys of the buckets that lie wholly in closed months (their figures are frozen).
+    closed_buckets: frozenset[dt.date] = frozenset()
 
     @property
     def capacity_end(self) -> dt.datetime:

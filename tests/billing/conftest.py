@@ -174,6 +174,27 @@ def fleet(db: Any) -> FleetBuilder:
 # --- the worked example of DESIGN.md §3 ------------------------------------------------------
 EXAMPLE_DAY = dt.date(2026, 3, 2)
 EXAMPLE_NOW = at("2026-03-10T12")
+NEXT_DAY = EXAMPLE_DAY + dt.timedelta(days=1)
+
+
+def day_query(**extra: str) -> dict[str, str]:
+    """The worked example's day as an API query."""
+    return {"start": EXAMPLE_DAY.isoformat(), "end": NEXT_DAY.isoformat(), **extra}
+
+
+@pytest.fixture
+def frozen() -> Any:
+    """The clock stopped at the worked example's ``now``."""
+    import time_machine
+
+    with time_machine.travel(EXAMPLE_NOW, tick=False):
+        yield
+
+
+@pytest.fixture
+def finance(role_client: Any, frozen: Any) -> Any:
+    """A finance user's client, at the worked example's ``now``."""
+    return role_client("finance")
 
 
 @pytest.fixture

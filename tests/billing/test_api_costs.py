@@ -9,32 +9,15 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-import time_machine
 from django.http import StreamingHttpResponse
 
 from billing import selectors
 from billing.api.csv import csv_cell, csv_escape_text
 from billing.api.views import cost_rows_chunked, period_chunks
 from billing.cost_model import money_round
-from tests.billing.conftest import EXAMPLE_DAY, EXAMPLE_NOW, at
+from tests.billing.conftest import at, day_query
 
-NEXT_DAY = EXAMPLE_DAY + dt.timedelta(days=1)
 COSTS = "/api/v1/costs"
-
-
-@pytest.fixture
-def frozen() -> Any:
-    with time_machine.travel(EXAMPLE_NOW, tick=False):
-        yield
-
-
-@pytest.fixture
-def finance(role_client: Any, frozen: Any) -> Any:
-    return role_client("finance")
-
-
-def day_query(**extra: str) -> dict[str, str]:
-    return {"start": EXAMPLE_DAY.isoformat(), "end": NEXT_DAY.isoformat(), **extra}
 
 
 @pytest.mark.smoke

@@ -14,6 +14,7 @@ from fleet.services import api_token_issue, token_revoke
 READS = [
     "/api/v1/costs",
     "/api/v1/costs?format=csv",
+    "/api/v1/focus",
     "/api/v1/breakeven?pool=inference&tokens_per_s=2000&api_price_per_mtok=0.6"
     "&start=2026-03-02&end=2026-03-03",
     "/api/v1/sites",

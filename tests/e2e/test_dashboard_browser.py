@@ -166,3 +166,30 @@ def test_viewer_sees_utilisation_but_no_money(
     assert response is not None and response.status == 403
     # the browser logs the expected 403 as a failed resource load: that one is wanted
     problems.console_errors = [e for e in problems.console_errors if "403" not in e]
+
+
+def test_team_statement_prints_without_navigation(
+    live_server: Any, page: Any, make_user: Any, problems: Any
+) -> None:
+    """Teams and pools → a team's name → its statement; printed (print media), the page keeps
+    the statement and drops the navigation and the filter bar."""
+    from tests.billing.test_dashboard_data import make_fleet, range_query
+
+    make_fleet(6)
+    make_user("finance", username="fiona", password="pw-Secret-123")
+    base = live_server.url
+    _login(page, base, "fiona", "pw-Secret-123")
+    page.goto(f"{base}/chargeback/?{range_query()}")
+    _charts_drawn(page)
+    link = page.locator("#team-table tbody tr a").first
+    team = link.inner_text().strip()
+    link.click()
+    page.wait_for_url(re.compile(rf".*/chargeback/teams/{team}/.*"))
+    assert page.locator("h1").inner_text() == f"Chargeback statement: {team}"
+    assert page.locator("#statement-gpus tbody tr").count() >= 1
+    assert page.locator(".topbar").is_visible() and page.locator(".filters").is_visible()
+    page.emulate_media(media="print")
+    assert not page.locator(".topbar").is_visible()
+    assert not page.locator(".filters").is_visible()
+    assert page.locator("#statement-total").is_visible()
+    page.screenshot(path=str(screenshot_path("team-statement-print")), full_page=True)

@@ -156,6 +156,7 @@ def test_one_node_cannot_write_another_nodes_gpus(db: Any) -> None:
 FINANCE_URLS = [
     "/api/v1/costs",
     "/api/v1/costs?format=csv&group_by=team",
+    "/api/v1/focus",
     "/api/v1/breakeven?pool=p&tokens_per_s=2000&api_price_per_mtok=0.6",
     "/api/v1/cost-profiles",
     "/api/v1/sites",

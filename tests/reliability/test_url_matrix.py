@@ -156,6 +156,10 @@ TABLE: dict[str, list[Check]] = {
         Check("GET", "/api/v1/costs", COSTS),
         Check("GET", "/api/v1/costs?format=csv", COSTS),
     ],
+    "api/v1/focus": [
+        Check("GET", "/api/v1/focus", COSTS),
+        Check("GET", "/api/v1/focus?version=1.0", COSTS),
+    ],
     "api/v1/breakeven": [
         Check(
             "GET",
@@ -169,6 +173,16 @@ TABLE: dict[str, list[Check]] = {
     "gpus/<str:uuid>/": [Check("GET", lambda w: f"/gpus/{w['gpus'].uuid}/", PAGE)],
     "chargeback/": [Check("GET", "/chargeback/", PAGE)],
     "breakeven/": [Check("GET", "/breakeven/", PAGE_COSTS)],
+    # FOCUS files of whole months (billing/focus_exports.py): finance and admin. The matrix
+    # posts no month, which is answered 400 naming it (tests/billing/test_focus_exports.py
+    # builds one); it has no file to download.
+    "chargeback/teams/<str:name>/": [Check("GET", "/chargeback/teams/matrix-team/", PAGE_COSTS)],
+    "chargeback/focus/": [
+        Check("POST", "/chargeback/focus/", {**PAGE_COSTS, "finance": 400, "admin": 400})
+    ],
+    "chargeback/focus/<int:pk>/": [
+        Check("GET", "/chargeback/focus/999999/", {**PAGE_COSTS, "finance": 404, "admin": 404})
+    ],
     # Weekly report pages (billing/report_urls.py): the preview shows every team's money
     # (admin); the subscription form is for whoever may receive the report (finance, admin).
     "reports/weekly/preview/": [Check("GET", "/reports/weekly/preview/", PAGE_ADMIN_ONLY)],

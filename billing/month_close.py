@@ -1,0 +1,125 @@
+"""Month close (docs/finance.md): freeze a month's figures, reopen it with a reason.
+
+A close stores the month's segments (per GPU, local day, attribution and rate: the rollups'
+sums and offline hours, and the terms they were priced at) as ``ClosedSegment`` rows; from
+then on every figure of the month is read from them (``billing.selectors.closing``). Closing
+twice changes nothing; an incomplete month (not yet ended in the report time zone) is
+refused. The row lock on the ``MonthClose`` makes two closes at once one close.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import ClosedSegment, MonthClose
+from billing.selectors.closing import compute, month_after, segment_figures
+from billing.selectors.types import Filters
+from fleet.models import FleetSettings
+
+MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
+
+
+def month_parse(text: str) -> dt.date:
+    """``"2026-03"`` → 1 March 2026; ValueError naming ``month`` otherwise."""
+    found = MONTH_RE.match(text.strip())
+    if not found or not 1 <= int(found.group(2)) <= 12 or int(found.group(1)) < 2000:
+        raise ValueError(f"month: {text!r} is not a month (YYYY-MM)")
+    return dt.date(int(found.group(1)), int(found.group(2)), 1)
+
+
+def month_ended_check(*, month: dt.date, now: dt.datetime | None = None) -> ZoneInfo:
+    """The report time zone, once ``month`` has ended in it; ValueError naming ``month``
+    before (an incomplete month cannot be closed)."""
+    zone = FleetSettings.load().report_zone
+    end = dt.datetime.combine(month_after(month), dt.time(), tzinfo=zone)
+    if end > (now or timezone.now()):
+        raise ValueError(f"month: {month:%Y-%m} has not ended in the report time zone ({zone.key})")
+    return zone
+
+
+@dataclass(frozen=True)
+class CloseResult:
+    close: MonthClose
+    changed: bool  # False: it was closed already (or open already, for a reopen)
+    message: str
+
+
+def month_close(*, month: dt.date, by: str, now: dt.datetime | None = None) -> CloseResult:
+    """Freeze ``month`` (its first day). Raises ValueError naming ``month`` when it has not
+    ended in the report time zone."""
+    now = now or timezone.now()
+    zone = month_ended_check(month=month, now=now)
+    with transaction.atomic():
+        close, _ = MonthClose.objects.select_for_update().get_or_create(
+            month=month,
+            defaults={"closed": False, "closed_at": now, "closed_by": by, "zone": zone.key},
+        )
+        if close.closed:
+            return CloseResult(close, False, f"{month:%Y-%m} was already closed")
+        # The month as it stands, with the adjustments booked in it for late data of
+        # earlier closed months: frozen with it.
+        computation = compute(
+            start=month, end=month_after(month), period="day", filters=Filters(), now=now
+        )
+        ClosedSegment.objects.filter(close=close).delete()
+        rows = [
+            ClosedSegment(
+                close=close,
+                day=segment.bucket.key,
+                gpu_id=segment.gpu.id,
+                node_id_at=segment.node_id,
+                pool_id_at=segment.pool_id,
+                team_id_at=segment.team_id,
+                site_id_at=segment.site_id,
+                figures=segment_figures(segment, computation),
+                adjusts=segment.adjusts,
+            )
+            for segment in computation.segments
+        ]
+        ClosedSegment.objects.bulk_create(rows, batch_size=2000)
+        close.closed, close.closed_at, close.closed_by, close.zone = True, now, by, zone.key
+        close.segments_count = len(rows)
+        close.save()
+    return CloseResult(close, True, f"closed {month:%Y-%m}: {len(rows)} segments frozen")
+
+
+def month_reopen(
+    *, month: dt.date, by: str, reason: str, now: dt.datetime | None = None
+) -> CloseResult:
+    """Reopen a closed month: its figures are live again until it is closed again. The
+    reason is required and kept; a month with a closed month after it is refused (reopen
+    the latest first). Raises ValueError naming ``reason`` or ``month``."""
+    if not reason.strip():
+        raise ValueError("reason: a reopen needs a reason")
+    now = now or timezone.now()
+    with transaction.atomic():
+        close = MonthClose.objects.select_for_update().filter(month=month).first()
+        if close is None:
+            raise ValueError(f"month: {month:%Y-%m} has never been closed")
+        if not close.closed:
+            return CloseResult(close, False, f"{month:%Y-%m} is open already")
+        later = MonthClose.objects.filter(closed=True, month__gt=month).order_by("-month").first()
+        if later is not None:
+            # A later closed month may carry adjustments for this one: reopening this alone
+            # would count that late data twice. Periods reopen from the latest back.
+            raise ValueError(
+                f"month: {later.month:%Y-%m} is closed after it; reopen {later.month:%Y-%m} first"
+            )
+        ClosedSegment.objects.filter(close=close).delete()
+        close.closed, close.segments_count = False, 0
+        close.reopened_at, close.reopened_by, close.reopen_reason = now, by, reason.strip()
+        close.save()
+    return CloseResult(close, True, f"reopened {month:%Y-%m}")
+
+
+def closed_months_between(*, start: dt.date, end: dt.date) -> list[MonthClose]:
+    """The closes of the months that [start, end) touches (the dashboard marks them)."""
+    return list(
+        MonthClose.objects.filter(closed=True, month__lt=end, month__gte=start.replace(day=1))
+    )
