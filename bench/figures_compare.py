@@ -3,6 +3,7 @@ code on one database: a refactoring must leave each value identical (Decimal exa
 
     DATABASE_URL=postgres://…/<db> python bench/figures_compare.py build [--gpus 1000] [--days 90]
     cd <checkout> && DATABASE_URL=… python <this file> dump --out before.json [--repeat 5]
+        (--repeat 0: no timings)
     cd <checkout> && DATABASE_URL=… python <this file> time --out times.jsonl [--repeat 9]
     python bench/figures_compare.py compare before.json after.json
 
