@@ -20,8 +20,11 @@ the data's last hour, and reads ``cost_rows_by`` for every group_by and period, 
 and with a site, a pool, a team, a model and a GPU filter; ``fleet_summary``,
 ``fleet_overview``, ``fleet_trend``, ``utilization_by_day``, ``utilization_listed`` and
 ``breakeven_compute`` for an owned and a rented pool: in the report zone UTC (daily table),
-Europe/Berlin (hourly rows) and Asia/Kolkata (a fixed whole-hour offset); the zone is put back
-at the end. Decimals are written as their exact text, floats as ``repr``. Then it times the
+Europe/Berlin (hourly rows) and Asia/Kolkata (a fixed whole-hour offset), each set in that
+process only (nothing is written: two checkouts can dump at once). PostgreSQL sums the
+rollups' floats in one order on every run (no parallel workers, no synchronised scans), so a
+difference is the code's, not the database's. Decimals are written as their exact text,
+floats as ``repr``. Then (unless ``--repeat 0``) it times the
 overview's selectors (``fleet_overview``) and the cost rows of every GPU and model
 (``cost_rows_by``, period all) against a raw reference in the same run: one ``GROUP BY`` of the
 daily table per GPU (the same sums, no cost model), and the cost rows per GPU and day (90 k
@@ -216,23 +219,31 @@ def dump(args: argparse.Namespace) -> int:
     from fleet.models import FleetSettings
 
     print(f"code: {Path(s.__file__).resolve()}")
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        # Sums of floats in one order on every run: no parallel workers (each sums a part),
+        # no scan that starts where another process's scan of the table has got to.
+        cursor.execute("SET max_parallel_workers_per_gather = 0")
+        cursor.execute("SET synchronize_seqscans = off")
     start, end, now = _window()
-    settings = FleetSettings.load()
-    zone = settings.report_time_zone
+    stored = FleetSettings.load()
+    load = FleetSettings.__dict__["load"]
     out: dict[str, Any] = {}
     try:
         for name in ZONES:
-            settings.report_time_zone = name
-            settings.save()
+            # The zone in this process only (nothing written): two checkouts can dump at once.
+            shown = FleetSettings(
+                **{f.attname: getattr(stored, f.attname) for f in stored._meta.fields}
+            )
+            shown.report_time_zone = name
+            FleetSettings.load = classmethod(lambda cls, shown=shown: shown)  # type: ignore[method-assign, assignment]
             t0 = time.perf_counter()
             out[name] = _plain(_figures(start, end, now, full=name == "UTC"))
             print(f"  figures in {name}: {time.perf_counter() - t0:.1f} s")
-        settings.report_time_zone = "UTC"
-        settings.save()
-        timings = _timings(args.repeat, start, end, now) if args.repeat else {}
     finally:
-        settings.report_time_zone = zone
-        settings.save()
+        FleetSettings.load = load  # type: ignore[method-assign]
+    timings = _timings(args.repeat, start, end, now) if args.repeat else {}
     if timings:
         _print_timings(timings)
     Path(args.out).write_text(json.dumps({"figures": out, "timings_ms": timings}, indent=0))
