@@ -68,7 +68,7 @@ def currency() -> str:
 # --- a scope's money and utilisation --------------------------------------------------------
 @dataclass(frozen=True)
 class ScopeFigures:
-    """A scope over a window: the sums the rules compare (DESIGN.md §3)."""
+    """A scope over a window: the sums the rules compare (docs/metrics.md)."""
 
     label: str
     capacity_hours: float
@@ -347,7 +347,7 @@ def _gpus_now(now: dt.datetime) -> list[dict[str, Any]]:
 def gpus_in_service(*, now: dt.datetime, scope: Scope) -> list[SilentGpu]:
     """GPUs in service at ``now`` in the scope (current attribution), with their silence.
 
-    In service as DESIGN.md §3 counts capacity: from ``in_service`` (or the first sample) to
+    In service as docs/metrics.md counts capacity: from ``in_service`` (or the first sample) to
     ``retired``. A GPU that never reported counts from its ``in_service`` date."""
     rows = _memo(("gpus_now", now), lambda: _gpus_now(now))
     inside = _attribution_match(scope, _directory())

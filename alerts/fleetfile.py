@@ -1,4 +1,4 @@
-"""The fleet file's ``[[alerts]]`` (DESIGN.md §8.3), applied by ``fleet_apply`` through
+"""The fleet file's ``[[alerts]]`` (docs/alerts.md), applied by ``fleet_apply`` through
 billing's section hook (``billing.services.fleet_section_register``, see ``alerts.apps``).
 
 Every value is checked here, once, naming the table and field (``alerts[2].threshold: …``);

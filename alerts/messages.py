@@ -1,4 +1,4 @@
-"""What a notice says: the email (subject, text, HTML) and the webhook's JSON (DESIGN.md §8.3),
+"""What a notice says: the email (subject, text, HTML) and the webhook's JSON (docs/alerts.md),
 both from one ``Notice`` built from a ``Delivery`` (the figures as they were when the notice
 was decided) and its alert and rule.
 
@@ -258,7 +258,7 @@ def email_render(notice: Notice) -> Email:
 
 # --- webhook ---------------------------------------------------------------------------------
 def webhook_body(notice: Notice) -> bytes:
-    """The JSON of DESIGN.md §8.3, plus what a receiver needs to de-duplicate (``delivery``)
+    """The JSON of docs/alerts.md, plus what a receiver needs to de-duplicate (``delivery``)
     and to read the value (``unit``, ``event``, the window). Compact and key-sorted, so the
     same notice is the same bytes on every attempt."""
     unit = notice.kind.unit

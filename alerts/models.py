@@ -25,7 +25,7 @@ FAILED = "failed"
 
 
 class Rule(models.Model):
-    """One ``[[alerts]]`` table of the fleet file, as last applied (DESIGN.md §8.3).
+    """One ``[[alerts]]`` table of the fleet file, as last applied (docs/alerts.md).
 
     Identified by its ``name``. A rule left out of the file is kept, inactive, so the history
     of its alerts stays readable; applying it again brings it back. The values are checked

@@ -1,4 +1,4 @@
-"""The rule registry: what each ``rule`` of ``[[alerts]]`` measures (DESIGN.md §8.3).
+"""The rule registry: what each ``rule`` of ``[[alerts]]`` measures (docs/alerts.md).
 
 A rule kind is a function from (the rule as configured, its window, now) to a list of
 measurements, one ``(subject, value)`` per subject in the rule's scope that has a value; the
@@ -52,7 +52,7 @@ class Scope:
 
     @classmethod
     def parse(cls, text: str) -> Scope:
-        """ValueError for anything but the five forms of DESIGN.md §8.3."""
+        """ValueError for anything but the five scope forms of docs/alerts.md."""
         if text == "fleet":
             return cls("fleet")
         kind, sep, name = text.partition(":")
@@ -200,7 +200,7 @@ def _money(value: Decimal, window_hours: int | None) -> str | None:
     return None
 
 
-# --- the rules of DESIGN.md §8.3 -----------------------------------------------------------
+# --- the rules of docs/alerts.md -----------------------------------------------------------
 def _gpu_hours(field: str) -> MeasureFn:
     def measure(rule: RuleConfig, window: Window, now: dt.datetime) -> list[Measurement]:
         return [

@@ -100,7 +100,7 @@ def alert_window(alert: Alert) -> Window:
 
 
 def alert_data(alert: Alert, *, costs: bool, currency: str) -> dict[str, Any]:
-    """One alert as the API sends it (DESIGN.md §8.3); money values are null for viewers."""
+    """One alert as the API sends it (docs/alerts.md); money values are null for viewers."""
     kind = RULE_KINDS.get(alert.rule.kind)
     unit = kind.unit if kind else ""
     secret = hidden(alert, costs)

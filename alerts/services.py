@@ -66,7 +66,7 @@ from alerts.targets import EMAIL, target_channel, targets_for
 
 logger = logging.getLogger(__name__)
 
-WEBHOOK_TIMEOUT_S = 5.0  # connect and each read (DESIGN.md §8.3)
+WEBHOOK_TIMEOUT_S = 5.0  # connect and each read (docs/alerts.md)
 RETRY_FOR = dt.timedelta(hours=1)  # a notice is retried this long after it was decided
 RETRY_FIRST = dt.timedelta(seconds=30)  # then doubled per attempt: 30 s, 1 min, 2 min …
 RETRY_MAX = dt.timedelta(minutes=15)
@@ -325,7 +325,7 @@ def _advance(
 
 
 def alerts_evaluate(*, now: dt.datetime | None = None) -> EvaluationResult:
-    """Evaluate every active rule once (DESIGN.md §8.3), then hand the new deliveries and the
+    """Evaluate every active rule once (docs/alerts.md), then hand the new deliveries and the
     overdue ones to their tasks. Safe to run twice at once, or again after a crash.
 
     Every rule is planned, then measured (reads only), then all are settled in one short

@@ -21,7 +21,7 @@ from billing.cost_model import Number, to_decimal
 
 SECONDS_PER_HOUR = Decimal(3600)
 TOKENS_PER_MTOK = Decimal(1_000_000)
-HOURS_PER_MONTH = Decimal(730)  # 8,760 / 12: DESIGN.md's month
+HOURS_PER_MONTH = Decimal(730)  # 8,760 / 12: the month of docs/metrics.md
 CURVE_UTILIZATIONS: tuple[Decimal, ...] = tuple(Decimal(k) / 20 for k in range(1, 21))
 
 # What a break-even compares (the API's ``comparison``): owning the pool's GPUs, or renting

@@ -1,6 +1,6 @@
 """How figures are shown to people, on the dashboard and in the weekly email alike.
 
-Money is rounded half-up to cents only when shown (DESIGN.md §3); the API gives exact strings
+Money is rounded half-up to cents only when shown (docs/metrics.md); the API gives exact strings
 instead (``billing.api.serializers.money_str``).
 """
 

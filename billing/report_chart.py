@@ -31,7 +31,7 @@ WIDTH_PX, HEIGHT_PX = 640, 260
 RENDER_TIMEOUT_S = 60
 CACHE_TTL_S = 8 * 24 * 3600  # a week's chart outlives its week's sending and previews
 # kaleido's sync entry points share one browser session per process and are not thread-safe
-# (NOTES.md): one render at a time.
+# (kaleido drives one Chromium): one render at a time.
 _RENDER_LOCK = threading.Lock()
 # The renderer's own loggers: every step of a render at INFO (two dozen lines per PNG).
 RENDERER_LOGGERS = ("kaleido", "choreographer", "logistro")
@@ -133,7 +133,7 @@ def trend_figure(rows: Sequence[CostRow], *, currency: str) -> Any:
 
 def render_png(fig: Any, *, browser: str) -> bytes:
     """One PNG through kaleido. MathJax is switched off in kaleido itself: otherwise it
-    fetches MathJax from a CDN, which an offline server cannot reach (NOTES.md)."""
+    fetches MathJax from a CDN, which an offline server cannot reach."""
     import kaleido
 
     renderer_logs_quiet()

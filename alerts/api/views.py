@@ -1,4 +1,4 @@
-"""``GET /api/v1/alerts`` (DESIGN.md §8.3): any role; money values only for finance and
+"""``GET /api/v1/alerts`` (docs/alerts.md): any role; money values only for finance and
 admin. Thin: rows come from ``alerts.selectors``."""
 
 from __future__ import annotations

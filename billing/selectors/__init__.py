@@ -1,4 +1,4 @@
-"""Period figures (DESIGN.md §3 and §7) for the dashboard, the finance API and the email.
+"""Period figures (docs/metrics.md; their API fields: docs/api.md) for the dashboard, the finance API and the email.
 
 How a figure is made, and why this way:
 - Only hourly rollups (``telemetry.HourlyUsage``) are read, never the raw table; they are
@@ -16,7 +16,7 @@ How a figure is made, and why this way:
   phase of rented GPUs and of GPUs without a profile.
 - Buckets (day, ISO week, month) are in the report time zone. Rollups are UTC hours, so a zone
   whose offset is not a whole number of hours in the query is approximated by a fixed offset
-  rounded to the hour (DESIGN.md §7).
+  rounded to the hour (docs/api.md).
 
 Money is Decimal in full precision (round only when shown); hours are floats.
 """

@@ -38,7 +38,7 @@ class Filters:
 
 @dataclass
 class CostRow:
-    """One group over one period: every field of the finance API's rows (DESIGN.md §7)."""
+    """One group over one period: every field of the finance API's rows (docs/api.md)."""
 
     key: str  # GPU UUID, hostname, pool/team/site name, model key, or "fleet"
     name: str  # human label (GPU: "host#index", model: display name)
@@ -93,7 +93,7 @@ class _SiteTerms:
     grid_g_per_kwh: Decimal
 
 
-# A GPU with no site: PUE 1, price 0, grid 0 (DESIGN.md §3), and not priced.
+# A GPU with no site: PUE 1, price 0, grid 0 (docs/metrics.md), and not priced.
 _NO_SITE = _SiteTerms(
     name=None, pue=Decimal(1), price_per_kwh=Decimal(0), grid_g_per_kwh=Decimal(0)
 )

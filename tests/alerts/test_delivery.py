@@ -228,7 +228,7 @@ def test_a_hanging_receiver_times_out_and_is_retried(
     monkeypatch: pytest.MonkeyPatch,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
-    assert services.WEBHOOK_TIMEOUT_S == 5.0  # DESIGN.md §8.3; shortened below for the test
+    assert services.WEBHOOK_TIMEOUT_S == 5.0  # docs/alerts.md; shortened below for the test
     monkeypatch.setattr(services, "WEBHOOK_TIMEOUT_S", 0.5)
     hook = receiver("hang")
     held_rule(hook.url)

@@ -1,4 +1,4 @@
-"""What each rule measures, against figures computed by hand from DESIGN.md §3's worked
+"""What each rule measures, against figures computed by hand from docs/metrics.md's worked
 example (one owned GPU, 30,000.00 over 5 years, opex 0.10/h, PUE 1.5, 0.20 per kWh; its first
 day: 9 h in the air, 6 h held, 5 h parked, 4 h offline)."""
 
@@ -83,7 +83,7 @@ def test_a_gpu_that_moved_counts_only_its_hours_in_the_scope(fleet: Any) -> None
 @pytest.mark.parametrize(
     ("now", "hours", "utilization", "idle_cost"),
     [
-        # The whole first day: DESIGN.md §3's 37.5 % and idle 12.051940.
+        # The whole first day: docs/metrics.md's 37.5 % and idle 12.051940.
         (at("2026-03-03T00"), 24, Decimal("0.375"), Decimal("12.051940")),
         # Hours 00–11: 9 h in the air of 12; 3 idle hours at the rate, and the idle energy of
         # hours 10–11 (2 × 432,000 J = 0.24 kWh × 1.5 × 0.20 = 0.072).

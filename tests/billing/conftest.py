@@ -1,7 +1,7 @@
 """Builders for billing tests: inventory, cost profiles and hourly rollups written directly.
 
 The selectors read only ``HourlyUsage``; writing its rows by hand lets a test state exactly the
-sums DESIGN.md §3 works from, independently of the rollup code.
+sums docs/metrics.md works from, independently of the rollup code.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def fleet(db: Any) -> FleetBuilder:
     return FleetBuilder()
 
 
-# --- the worked example of DESIGN.md §3 ------------------------------------------------------
+# --- the worked example of docs/metrics.md ------------------------------------------------------
 EXAMPLE_DAY = dt.date(2026, 3, 2)
 EXAMPLE_NOW = at("2026-03-10T12")
 NEXT_DAY = EXAMPLE_DAY + dt.timedelta(days=1)

@@ -1,4 +1,4 @@
-"""GET /api/v1/breakeven against DESIGN.md §3's worked example, computed by hand."""
+"""GET /api/v1/breakeven against docs/metrics.md's worked example, computed by hand."""
 
 from __future__ import annotations
 

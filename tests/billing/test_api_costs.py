@@ -1,4 +1,4 @@
-"""GET /api/v1/costs against DESIGN.md §3's worked example, computed by hand; CSV export."""
+"""GET /api/v1/costs against docs/metrics.md's worked example, computed by hand; CSV export."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_costs_json_equals_the_worked_example(worked_example: Any, finance: Any)
     body = response.json()
     assert (body["count"], body["next"], body["previous"]) == (1, None, None)
     (row,) = body["results"]
-    # DESIGN.md §3, by hand: 9 h in the air, 6 held, 5 parked, 4 offline of 24.
+    # docs/metrics.md, by hand: 9 h in the air, 6 held, 5 parked, 4 offline of 24.
     assert row["key"] == "GPU-example" and row["name"] == "gpu-07#0"
     assert row["period_start"] == "2026-03-02T00:00:00+00:00"
     assert row["period_end"] == "2026-03-03T00:00:00+00:00"

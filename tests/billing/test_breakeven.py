@@ -1,4 +1,4 @@
-"""DESIGN.md §3 break-even, checked against the worked example computed by hand."""
+"""docs/metrics.md break-even, checked against the worked example computed by hand."""
 
 from __future__ import annotations
 

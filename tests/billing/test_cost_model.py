@@ -1,4 +1,4 @@
-"""DESIGN.md §3 cost formulas, checked against numbers computed by hand (no database)."""
+"""docs/metrics.md cost formulas, checked against numbers computed by hand (no database)."""
 
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def test_weekly_report_over_smtp_equals_the_api(
     )
     text, html, images = parts(message)
 
-    # By hand (DESIGN.md §3) …
+    # By hand (docs/metrics.md) …
     for line in [
         "- Utilisation: 37.5 % (last week –, –)",
         "- Hours in the air per GPU per day: 9.0 h (last week –, –)",

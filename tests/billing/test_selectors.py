@@ -1,4 +1,4 @@
-"""The selectors over hourly rollups written by hand: DESIGN.md §3 numbers to the cent."""
+"""The selectors over hourly rollups written by hand: docs/metrics.md numbers to the cent."""
 
 from __future__ import annotations
 

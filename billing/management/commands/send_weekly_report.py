@@ -1,4 +1,4 @@
-"""``manage.py send_weekly_report [--to ADDRESS] [--week YYYY-Www]`` (DESIGN.md §7)."""
+"""``manage.py send_weekly_report [--to ADDRESS] [--week YYYY-Www]`` (docs/weekly-report.md)."""
 
 from __future__ import annotations
 
