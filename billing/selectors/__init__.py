@@ -1,4 +1,5 @@
-"""Period figures (docs/metrics.md; their API fields: docs/api.md) for the dashboard, the finance API and the email.
+"""Period figures for the dashboard, the finance API and the email (docs/metrics.md; their
+API fields: docs/api.md).
 
 How a figure is made, and why this way:
 - Only hourly rollups (``telemetry.HourlyUsage``) are read, never the raw table; they are
