@@ -17,7 +17,7 @@ How a figure is made, and why this way:
   phase of rented GPUs and of GPUs without a profile.
 - Buckets (day, ISO week, month) are in the report time zone. Rollups are UTC hours, so a zone
   whose offset is not a whole number of hours in the query is approximated by a fixed offset
-  rounded to the hour (docs/api.md).
+  rounded to the hour (docs/metrics.md).
 
 Money is Decimal in full precision (round only when shown); hours are floats.
 """
