@@ -10,7 +10,6 @@ import datetime as dt
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from django.http import StreamingHttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -21,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import selectors
-from billing.api.csv import CsvRenderer, csv_stream
+from billing.api.csv import CsvRenderer, csv_response
 from billing.api.filters import CostProfileFilterSet
 from billing.api.serializers import (
     COST_COLUMNS,
@@ -172,17 +171,15 @@ class CostsView(FinanceAPIView):
             filters=filters,
         )
         if request.accepted_renderer.format == "csv":
-            lines = csv_stream(
-                (cost_row_data(row, zone=zone) for row in rows),
-                columns=COST_COLUMNS,
-                text_columns=COST_TEXT_COLUMNS,
-            )
-            response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
             filename = "costs_{}_{}_{}_{}.csv".format(
                 params["start"], params["end"], params["group_by"], params["period"]
             )
-            response["Content-Disposition"] = f'attachment; filename="{filename}"'
-            return response
+            return csv_response(
+                (cost_row_data(row, zone=zone) for row in rows),
+                columns=COST_COLUMNS,
+                text_columns=COST_TEXT_COLUMNS,
+                filename=filename,
+            )
         page = paginator.paginate_iterable(rows, request)
         return paginator.get_paginated_response([cost_row_data(r, zone=zone) for r in page])
 

@@ -30,56 +30,16 @@ from django.utils import timezone
 from billing.cost_model import money_round
 from billing.workloads import TeamRule, WorkloadFilters, team_rule_match, workload_figures
 from telemetry.models import Workload, WorkloadHourlyUsage
-from telemetry.rollup import rollup_run
 from tests.billing.conftest import FleetBuilder
-from tests.telemetry.conftest import sample, samples_ingest
+from tests.billing.conftest import workload_span as _span
+
+
+@pytest.fixture
+def hour(workload_hour: dt.datetime) -> dt.datetime:
+    return workload_hour
+
 
 RATE = Decimal(30000) / Decimal(43830) + Decimal("0.10")
-
-
-@pytest.fixture
-def hour() -> dt.datetime:
-    """02:00 UTC two days ago: in the past, inside raw retention, the same local day in UTC."""
-    today = timezone.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    return today - dt.timedelta(days=2) + dt.timedelta(hours=2)
-
-
-def _span(hour: dt.datetime) -> dict[str, dt.date]:
-    return {"start": hour.date(), "end": hour.date() + dt.timedelta(days=1)}
-
-
-@pytest.fixture
-def example(fleet: FleetBuilder, hour: dt.datetime) -> dict[str, Any]:
-    fleet.settings(currency="EUR", report_time_zone="UTC")
-    site = fleet.site("fra1", pue="1.5", price_per_kwh="0.20")
-    research = fleet.team("research")
-    pool = fleet.pool("training", site=site, team=research)
-    node = fleet.node("gpu-01", pool=pool)
-    in_service = hour - dt.timedelta(days=30)
-    a = fleet.gpu("GPU-A", node=node, index=0, in_service_at=in_service)
-    b = fleet.gpu("GPU-B", node=node, index=1, in_service_at=in_service)
-    fleet.owned("pool:training", purchase_price="30000.00", opex_per_hour="0.10")
-    jobs = {}
-    for key, user, account in (("101", "alice", "nlp"), ("102", "bob", "vision"),
-                               ("103", "carol", "nlp")):  # fmt: skip
-        jobs[key] = Workload.objects.create(
-            site=site, kind="slurm", key=key, user_name=user, account=account,
-            name=f"job-{key}", created_at=timezone.now(),
-        )  # fmt: skip
-    minutes = [hour + dt.timedelta(minutes=m) for m in range(60)]
-    rows = [
-        sample(a, t, util=80.0, energy_j=24_000.0, procs=2,
-               workload_ids=[jobs["101"].pk, jobs["102"].pk],
-               workload_share_s=[30.0, 30.0], workload_air_s=[24.0, 24.0])
-        for t in minutes
-    ] + [
-        sample(b, t, util=0.0, energy_j=4_200.0, procs=0, workload_ids=[jobs["103"].pk],
-               workload_share_s=[60.0], workload_air_s=[0.0])
-        for t in minutes
-    ]  # fmt: skip
-    samples_ingest(rows)
-    rollup_run()
-    return {"jobs": jobs, "a": a, "b": b, "research": research, "site": site}
 
 
 def _money(rows: list[Any]) -> dict[str, tuple[Decimal, Decimal]]:
@@ -87,7 +47,7 @@ def _money(rows: list[Any]) -> dict[str, tuple[Decimal, Decimal]]:
 
 
 def test_the_worked_example_per_workload_to_the_cent(
-    example: dict[str, Any], hour: dt.datetime
+    workload_example: dict[str, Any], hour: dt.datetime
 ) -> None:
     rows = workload_figures(**_span(hour), group_by="workload")
     assert [r.key for r in rows] == ["103", "101", "102"]  # worst idle cost first
@@ -115,7 +75,7 @@ def test_the_worked_example_per_workload_to_the_cent(
 
 
 def test_the_worked_example_per_account_is_the_sum_of_its_workloads(
-    example: dict[str, Any], hour: dt.datetime
+    workload_example: dict[str, Any], hour: dt.datetime
 ) -> None:
     rows = workload_figures(**_span(hour), group_by="account")
     assert _money(rows) == {
@@ -139,7 +99,7 @@ def test_the_worked_example_per_account_is_the_sum_of_its_workloads(
 
 
 def test_team_rules_first_match_wins_else_the_pools_team(
-    example: dict[str, Any], fleet: FleetBuilder, hour: dt.datetime
+    workload_example: dict[str, Any], fleet: FleetBuilder, hour: dt.datetime
 ) -> None:
     from billing.models import WorkloadTeamRule
 
@@ -173,7 +133,9 @@ def test_team_rule_match_by_field_and_prefix() -> None:
     assert match(rules, kind="slurm", key="9", user="bob", account="nlpx") is None
 
 
-def test_filters_and_the_pages_groupings(example: dict[str, Any], hour: dt.datetime) -> None:
+def test_filters_and_the_pages_groupings(
+    workload_example: dict[str, Any], hour: dt.datetime
+) -> None:
     span = _span(hour)
     f = WorkloadFilters
     assert [r.key for r in workload_figures(**span, filters=f(users=("bob",)))] == ["102"]
@@ -185,7 +147,7 @@ def test_filters_and_the_pages_groupings(example: dict[str, Any], hour: dt.datet
     assert len(workload_figures(**span, filters=f(sites=("fra1",)))) == 3
     on_a = workload_figures(**span, filters=f(gpus=("GPU-A",)))
     assert sorted(r.key for r in on_a) == ["101", "102"]
-    job = example["jobs"]["101"]
+    job = workload_example["jobs"]["101"]
     per_gpu = workload_figures(**span, group_by="gpu", filters=f(workloads=(job.pk,)))
     assert [(r.gpu_uuid, r.gpu_label, money_round(r.cost)) for r in per_gpu] == [
         ("GPU-A", "gpu-01#0", Decimal("0.45"))

@@ -163,6 +163,10 @@ TABLE: dict[str, list[Check]] = {
             COSTS,
         )
     ],
+    "api/v1/workloads": [
+        Check("GET", "/api/v1/workloads", COSTS),
+        Check("GET", "/api/v1/workloads?group_by=account&format=csv", COSTS),
+    ],
     "": [Check("GET", "/", PAGE)],
     "fleet/": [Check("GET", "/fleet/", PAGE)],
     "fleet/heatmap/": [Check("GET", "/fleet/heatmap/", PAGE)],
