@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing import views
+from billing import views, workload_views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -11,4 +11,6 @@ urlpatterns = [
     path("gpus/<str:uuid>/", views.gpu_detail, name="gpu-detail"),
     path("chargeback/", views.chargeback, name="chargeback"),
     path("breakeven/", views.breakeven, name="breakeven"),
+    path("workloads/", workload_views.workloads, name="workloads"),
+    path("workloads/<int:pk>/", workload_views.workload_detail, name="workload-detail"),
 ]

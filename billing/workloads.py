@@ -70,14 +70,18 @@ def team_rules_load() -> list[TeamRule]:
 # --- what callers ask and get ---------------------------------------------------------------
 @dataclass(frozen=True)
 class WorkloadFilters:
-    """Restrictions, each a set of allowed values (empty: no restriction). ``teams`` and
-    ``sites`` are names; ``gpus`` UUIDs; ``workloads`` primary keys."""
+    """Restrictions, each a set of allowed values (empty: no restriction). ``teams``,
+    ``sites`` and ``pools`` are names (the site and pool of the GPU in each hour, as its cost
+    rows attribute them; the team after ``[[workload_teams]]``); ``models`` GPU model keys;
+    ``gpus`` UUIDs; ``workloads`` primary keys."""
 
     kinds: tuple[str, ...] = ()
     users: tuple[str, ...] = ()
     accounts: tuple[str, ...] = ()
     teams: tuple[str, ...] = ()
     sites: tuple[str, ...] = ()
+    pools: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
     gpus: tuple[str, ...] = ()
     workloads: tuple[int, ...] = ()
 
@@ -204,7 +208,9 @@ def _parts(
         ("workload__kind__in", filters.kinds),
         ("workload__user_name__in", filters.users),
         ("workload__account__in", filters.accounts),
-        ("workload__site__name__in", filters.sites),
+        ("site__name__in", filters.sites),
+        ("pool__name__in", filters.pools),
+        ("gpu__model__key__in", filters.models),
         ("gpu__uuid__in", filters.gpus),
     ):
         if allowed:

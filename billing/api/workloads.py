@@ -95,7 +95,7 @@ class WorkloadsQuerySerializer(RangeQuerySerializer):
     user = CommaListField(required=False, help_text="User names.")
     account = CommaListField(required=False, help_text="Accounts (Kubernetes: namespaces).")
     team = CommaListField(required=False, help_text="Team names (after [[workload_teams]]).")
-    site = CommaListField(required=False, help_text="Site names (the workload's site).")
+    site = CommaListField(required=False, help_text="Site names (where the GPUs were).")
 
     def validate_kind(self, value: list[str]) -> list[str]:
         unknown = [v for v in value if v not in WORKLOAD_KINDS]

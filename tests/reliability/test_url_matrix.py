@@ -173,6 +173,9 @@ TABLE: dict[str, list[Check]] = {
     "gpus/<str:uuid>/": [Check("GET", lambda w: f"/gpus/{w['gpus'].uuid}/", PAGE)],
     "chargeback/": [Check("GET", "/chargeback/", PAGE)],
     "breakeven/": [Check("GET", "/breakeven/", PAGE_COSTS)],
+    # Workloads: every role; money left out for viewers (tests/billing/test_workload_pages.py).
+    "workloads/": [Check("GET", "/workloads/", PAGE)],
+    "workloads/<int:pk>/": [Check("GET", lambda w: f"/workloads/{w['workload'].pk}/", PAGE)],
     # Weekly report pages (billing/report_urls.py): the preview shows every team's money
     # (admin); the subscription form is for whoever may receive the report (finance, admin).
     "reports/weekly/preview/": [Check("GET", "/reports/weekly/preview/", PAGE_ADMIN_ONLY)],
@@ -272,7 +275,15 @@ def world(db: Any) -> dict[str, Any]:
         for role in ("viewer", "finance", "admin")
     }
     tokens["node"] = node_token
+    from django.utils import timezone
+
+    from telemetry.models import Workload
+
+    workload = Workload.objects.create(
+        site=site, kind="slurm", key="4242", user_name="alice", created_at=timezone.now()
+    )
     return {
+        "workload": workload,
         "sites": site,
         "teams": team,
         "pools": pool,
