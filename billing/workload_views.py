@@ -202,7 +202,9 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
         if costs:
             cards += [
                 _money_card("Cost", row.cost, cur, ident="kpi-cost"),
-                _money_card("Idle cost", row.idle_cost, cur, accent="idle-money"),
+                _money_card(
+                    "Idle cost", row.idle_cost, cur, accent="idle-money", ident="kpi-idle-cost"
+                ),
             ]
     return render(
         request,
