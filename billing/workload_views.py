@@ -18,7 +18,12 @@ from django.urls import reverse
 from billing.dashboard import DashboardFilters, dashboard_filters
 from billing.formatting import money, num, pct
 from billing.views import _can_view_costs, _card, _context, _money_card
-from billing.workloads import WorkloadFilters, WorkloadRow, workload_figures
+from billing.workloads import (
+    WorkloadFilters,
+    WorkloadRow,
+    workload_figures,
+    workload_figures_by,
+)
 from fleet.identifiers import text_error
 from telemetry.models import WORKLOAD_KINDS, Workload
 
@@ -107,10 +112,13 @@ def workloads(request: HttpRequest) -> HttpResponse:
     flt = dashboard_filters(request.GET)
     costs = _can_view_costs(request)
     filters, own, errors = _filters(flt, request.GET)
-    rows, users, accounts = (
-        workload_figures(start=flt.start, end=flt.end_exclusive, group_by=g, filters=filters)
-        for g in ("workload", "user", "account")
+    figures = workload_figures_by(
+        start=flt.start,
+        end=flt.end_exclusive,
+        group_bys=("workload", "user", "account"),
+        filters=filters,
     )
+    rows, users, accounts = figures["workload"], figures["user"], figures["account"]
     keep = list(own.items())
     cur = flt.currency
     cards = [
@@ -182,12 +190,10 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
     costs = _can_view_costs(request)
     only = WorkloadFilters(workloads=(workload.pk,))
 
-    def figures(group_by: str) -> list[WorkloadRow]:
-        return workload_figures(
-            start=flt.start, end=flt.end_exclusive, group_by=group_by, filters=only
-        )
-
-    totals = figures("workload")
+    figures = workload_figures_by(
+        start=flt.start, end=flt.end_exclusive, group_bys=("workload", "gpu", "day"), filters=only
+    )
+    totals = figures["workload"]
     row = totals[0] if totals else None
     cards = []
     if row is not None:
@@ -218,9 +224,9 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
             row=row,
             team=row.team if row is not None else "",
             cards=cards,
-            gpus=workload_table(figures("gpu"), costs),
+            gpus=workload_table(figures["gpu"], costs),
             days=sorted(
-                workload_table(figures("day"), costs),
+                workload_table(figures["day"], costs),
                 key=lambda d: d["day"],
             ),
         ),
