@@ -21,6 +21,7 @@ from billing.views import _can_view_costs, _card, _context, _money_card
 from billing.workloads import (
     WorkloadFilters,
     WorkloadRow,
+    workload_accounts,
     workload_figures,
     workload_figures_by,
 )
@@ -252,9 +253,12 @@ def overview_workloads(*, flt: DashboardFilters, held_hours: float, costs: bool)
         teams=flt.filters.teams,
         models=flt.filters.models,
     )
-    accounts = workload_figures(
-        start=flt.start, end=flt.end_exclusive, group_by="account", filters=filters
-    )
+    if filters.teams:  # a workload's team follows its rules: the full path
+        accounts = workload_figures(
+            start=flt.start, end=flt.end_exclusive, group_by="account", filters=filters
+        )
+    else:
+        accounts = workload_accounts(start=flt.start, end=flt.end_exclusive, filters=filters)
     explained = sum(r.held_hours for r in accounts)
     share = min(1.0, explained / held_hours) if held_hours > 0 else None
     return {

@@ -179,7 +179,7 @@ class _SiteTerms:
 # --- parts: one SQL aggregate ---------------------------------------------------------------
 @dataclass
 class _Part:
-    workload_id: int
+    workload_id: Any  # the workload's id; its account where the parts are summed per account
     gpu_id: int
     team_id: int | None
     site_id: int | None
@@ -197,6 +197,7 @@ def _parts(
     filters: WorkloadFilters,
     split_gpu_ids: list[int],
     per_hour: bool,
+    owner: str = "workload_id",
 ) -> list[_Part]:
     """Σ of the hourly workload rows in the window per (workload, GPU, team, site[, hour]).
 
@@ -234,7 +235,7 @@ def _parts(
     )
     rows = (
         qs.annotate(part_hour=hour)
-        .values("workload_id", "gpu_id", "team_id", "site_id", "part_hour")
+        .values(owner, "gpu_id", "team_id", "site_id", "part_hour")
         .annotate(
             sum_gpu_s=Sum("gpu_s"),
             sum_air_s=Sum("air_s"),
@@ -242,7 +243,7 @@ def _parts(
             sum_idle_energy_j=Sum(held_energy),
         )
         .values_list(
-            "workload_id",
+            owner,
             "gpu_id",
             "team_id",
             "site_id",
@@ -282,7 +283,7 @@ class _Bucket:
     """Parts of one workload at one rate, team and site (and hour or GPU, where a page asks):
     their sums, priced once."""
 
-    workload_id: int
+    workload_id: Any  # as _Part
     team: str
     day: dt.date | None
     gpu_id: int | None
@@ -380,17 +381,11 @@ def workload_figures_by(
     zone = fleet_settings.report_zone
     window_start, window_end = _window(start, end, zone)
     pricing = _pricing_load()
-    # A GPU whose depreciation ends inside the window changes rate there: its hours apart.
-    split = []
-    for gpu_id, p in pricing.items():
-        ends = p.depreciation_ends()
-        if ends is not None and window_start < ends < window_end:
-            split.append(gpu_id)
     parts = _parts(
         window_start=window_start,
         window_end=window_end,
         filters=filters,
-        split_gpu_ids=split,
+        split_gpu_ids=_split(pricing, window_start, window_end),
         per_hour="day" in group_bys,
     )
     out: dict[str, list[WorkloadRow]] = {g: [] for g in group_bys}
@@ -418,10 +413,98 @@ def workload_figures_by(
             _row(group_by, key, acc, workloads, pricing, fleet_settings.currency)
             for key, acc in groups.items()
         ]
-        rows.sort(key=lambda r: r.key)
-        rows.sort(key=lambda r: (r.idle_cost, r.gpu_hours), reverse=True)  # stable: ties by key
+        _worst_first(rows)
         out[group_by] = rows
     return out
+
+
+def workload_accounts(
+    *, start: dt.date, end: dt.date, filters: WorkloadFilters | None = None
+) -> list[WorkloadRow]:
+    """The accounts' GPU hours, held hours and money, summed in SQL per account and GPU rather
+    than per workload: the overview's top accounts and its share of held hours, affordable
+    over a long range. The same figures as ``workload_figures(group_by="account")``; the rows
+    carry only those: no team (rules are per workload), no other names, no seen times, and
+    ``workloads`` 0. Not with a team filter (a workload's team needs its rules): use
+    ``workload_figures`` there."""
+    filters = filters or WorkloadFilters()
+    if filters.teams:
+        raise ValueError("team: workload_accounts takes no team filter")
+    if end <= start:
+        raise ValueError("end: must be after start")
+    fleet_settings = FleetSettings.load()
+    zone = fleet_settings.report_zone
+    window_start, window_end = _window(start, end, zone)
+    pricing = _pricing_load()
+    parts = _parts(
+        window_start=window_start,
+        window_end=window_end,
+        filters=filters,
+        split_gpu_ids=_split(pricing, window_start, window_end),
+        per_hour=False,
+        owner="workload__account",
+    )
+    buckets = _buckets(
+        parts,
+        workloads={},
+        pricing=pricing,
+        window=(window_start, window_end),
+        zone=zone,
+        per_gpu=False,
+        teams_allowed=frozenset(),
+        lean=True,
+    )
+    groups: dict[str, _Acc] = {}
+    for bucket in buckets:
+        groups.setdefault(bucket.workload_id or UNASSIGNED, _Acc()).add(bucket)
+    rows = []
+    for key, acc in groups.items():
+        gpu_h = cm.hours_from_seconds(seconds=acc.gpu_s)
+        air_h = cm.hours_from_seconds(seconds=acc.air_s)
+        rows.append(
+            WorkloadRow(
+                key=key,
+                kind=None,
+                name=None,
+                user=None,
+                account=None if key == UNASSIGNED else key,
+                team=None,
+                site=None,
+                gpus=len(acc.gpu_ids),
+                workloads=0,
+                workload_pk=None,
+                first_seen=None,
+                last_seen=None,
+                gpu_hours=float(gpu_h),
+                air_hours=float(air_h),
+                held_hours=float(gpu_h - air_h),
+                utilization=cm.utilization(air_hours=air_h, capacity_hours=gpu_h),
+                energy_kwh=float(cm.kwh_from_joules(energy_j=acc.energy_j)),
+                cost=acc.cost,
+                idle_cost=acc.idle_cost,
+                currency=fleet_settings.currency,
+                priced=acc.priced,
+            )
+        )
+    _worst_first(rows)
+    return rows
+
+
+def _worst_first(rows: list[WorkloadRow]) -> None:
+    """Highest idle cost first, then most GPU hours, then by key (two stable sorts)."""
+    rows.sort(key=lambda r: r.key)
+    rows.sort(key=lambda r: (r.idle_cost, r.gpu_hours), reverse=True)
+
+
+def _split(pricing: dict[int, _Pricing], start: dt.datetime, end: dt.datetime) -> list[int]:
+    """The GPUs whose depreciation ends inside [start, end): their rate changes there, so
+    their hours are priced apart."""
+    split = []
+    for gpu_id, p in pricing.items():
+        ends = p.depreciation_ends()
+        if ends is not None and start < ends < end:
+            split.append(gpu_id)
+    return split
 
 
 def _workloads_load(
@@ -472,6 +555,7 @@ def _buckets(
     zone: dt.tzinfo,
     per_gpu: bool,
     teams_allowed: frozenset[str],
+    lean: bool = False,
 ) -> list[_Bucket]:
     """The parts summed per workload, rate, kind of profile, team and site (and day or GPU),
     then priced through the cost model: a workload's 8 GPUs of one pool are priced once."""
@@ -484,9 +568,10 @@ def _buckets(
     buckets: dict[tuple[Any, ...], _Bucket] = {}
     for part in parts:
         info = workloads.get(part.workload_id)
-        if info is None:  # a rollup row of a workload since removed by hand
+        if info is None and not lean:  # a rollup row of a workload since removed by hand
             continue
-        team_id = info.rule_team_id if info.rule_team_id is not None else part.team_id
+        rule_team_id = info.rule_team_id if info is not None else None
+        team_id = rule_team_id if rule_team_id is not None else part.team_id
         team = teams.get(team_id, UNASSIGNED) if team_id is not None else UNASSIGNED
         if teams_allowed and team not in teams_allowed:
             continue

@@ -237,3 +237,24 @@ def test_workload_teams_reject_naming_the_field(db: Any, rules: Any, message: st
 
     with pytest.raises(FleetFileError, match=message):
         fleet_document_apply(document=_document(rules))
+
+
+def test_workload_accounts_sum_per_account_as_the_full_path(
+    workload_example: dict[str, Any], fleet: FleetBuilder, hour: dt.datetime
+) -> None:
+    """The overview's lean per-account sums: the same hours and money as the accounts of
+    workload_figures (1.26 / 0.90 for nlp), without the per-workload fields."""
+    from billing.workloads import workload_accounts
+
+    lean = workload_accounts(**_span(hour))
+    full = workload_figures(**_span(hour), group_by="account")
+    assert _money(lean) == _money(full) == {
+        "nlp": (Decimal("1.26"), Decimal("0.90")),
+        "vision": (Decimal("0.45"), Decimal("0.09")),
+    }
+    assert [(r.key, r.gpus, r.gpu_hours, r.held_hours) for r in lean] == [
+        (r.key, r.gpus, r.gpu_hours, r.held_hours) for r in full
+    ]
+    assert (lean[0].cost, lean[0].idle_cost) == (full[0].cost, full[0].idle_cost)
+    with pytest.raises(ValueError, match="^team"):
+        workload_accounts(**_span(hour), filters=WorkloadFilters(teams=("research",)))
