@@ -248,10 +248,14 @@ def test_workload_accounts_sum_per_account_as_the_full_path(
 
     lean = workload_accounts(**_span(hour))
     full = workload_figures(**_span(hour), group_by="account")
-    assert _money(lean) == _money(full) == {
-        "nlp": (Decimal("1.26"), Decimal("0.90")),
-        "vision": (Decimal("0.45"), Decimal("0.09")),
-    }
+    assert (
+        _money(lean)
+        == _money(full)
+        == {
+            "nlp": (Decimal("1.26"), Decimal("0.90")),
+            "vision": (Decimal("0.45"), Decimal("0.09")),
+        }
+    )
     assert [(r.key, r.gpus, r.gpu_hours, r.held_hours) for r in lean] == [
         (r.key, r.gpus, r.gpu_hours, r.held_hours) for r in full
     ]
