@@ -3,12 +3,14 @@
 
 One read of the hourly workload rollups (``telemetry.WorkloadHourlyUsage``) summed in SQL per
 workload, GPU, attribution (team, site) and, where a GPU's rate changes inside the period (its
-depreciation ends), per hour; then the money of each of those parts through
-``billing.cost_model`` at the GPU's fixed rate, and the parts summed per group. A group's
-figures are the sums of its parts; its ratios are ratios of those sums.
+depreciation ends), per hour; those parts summed again per workload, fixed rate, team and site
+and priced there through ``billing.cost_model`` (``workload_cost``); then summed per group. A
+group's figures are the sums of its parts; its ratios are ratios of those sums.
 
-``workload_figures`` is the one entry point: the Workloads page, its detail page, the GPU
-page, the overview, the finance API and the alerts call it.
+Entry points: ``workload_figures(start, end, group_by, filters)`` → rows, worst idle cost first
+(the finance API, the alerts); ``workload_figures_by`` for several groupings from one read (the
+pages); ``workload_accounts``, the accounts' figures summed per account rather than per
+workload (the overview's panel, affordable over a long range).
 """
 
 from __future__ import annotations
@@ -335,10 +337,17 @@ class _WorkloadInfo:
 
 
 def _window(start: dt.date, end: dt.date, zone: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
-    def midnight(day: dt.date) -> dt.datetime:
+    """Local days [start, end) of the report time zone as UTC moments; aware datetimes (an
+    alert's window of whole hours) are taken as they are."""
+
+    def moment(day: dt.date) -> dt.datetime:
+        if isinstance(day, dt.datetime):
+            if day.tzinfo is None:
+                raise ValueError("start: a datetime must be aware")
+            return day.astimezone(dt.UTC)
         return dt.datetime.combine(day, dt.time(), tzinfo=zone).astimezone(dt.UTC)
 
-    return midnight(start), midnight(end)
+    return moment(start), moment(end)
 
 
 def workload_figures(
@@ -349,7 +358,8 @@ def workload_figures(
     filters: WorkloadFilters | None = None,
 ) -> list[WorkloadRow]:
     """One row per group (``GROUP_BY``, or the pages' ``gpu`` and ``day``) over the local days
-    [start, end) of the report time zone, worst idle cost first (then GPU hours, then key).
+    [start, end) of the report time zone (or, given aware datetimes, the hours that start in
+    [start, end)), worst idle cost first (then GPU hours, then key).
 
     GPU hours = Σ share_s / 3600, air hours = Σ air_s / 3600, held = GPU − air hours,
     utilisation = air / GPU hours, energy = Σ the samples' energy × share_s / seconds; cost =

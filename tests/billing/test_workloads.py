@@ -262,3 +262,14 @@ def test_workload_accounts_sum_per_account_as_the_full_path(
     assert (lean[0].cost, lean[0].idle_cost) == (full[0].cost, full[0].idle_cost)
     with pytest.raises(ValueError, match="^team"):
         workload_accounts(**_span(hour), filters=WorkloadFilters(teams=("research",)))
+
+
+def test_a_window_of_hours(workload_example: dict[str, Any], hour: dt.datetime) -> None:
+    """Aware datetimes select the hours that start in [start, end) (an alert's window)."""
+    rows = workload_figures(start=hour, end=hour + dt.timedelta(hours=1))
+    assert _money(rows)["103"] == (Decimal("0.81"), Decimal("0.81"))
+    assert (
+        workload_figures(start=hour + dt.timedelta(hours=1), end=hour + dt.timedelta(hours=5)) == []
+    )
+    with pytest.raises(ValueError, match="^start"):
+        workload_figures(start=hour.replace(tzinfo=None), end=hour.replace(tzinfo=None, hour=5))
