@@ -28,6 +28,7 @@ def span(workload_hour: Any) -> dict[str, str]:
     return {k: v.isoformat() for k, v in workload_span(workload_hour).items()}
 
 
+@pytest.mark.smoke
 def test_workload_rows_to_the_cent(
     workload_example: dict[str, Any], finance: Any, span: dict[str, str], workload_hour: Any
 ) -> None:

@@ -31,6 +31,7 @@ def _ordered(text: str, *parts: str) -> bool:
     return at == sorted(at)
 
 
+@pytest.mark.smoke
 def test_workloads_page_for_finance(
     workload_example: dict[str, Any], role_client: Any, span: str
 ) -> None:

@@ -46,6 +46,7 @@ def _money(rows: list[Any]) -> dict[str, tuple[Decimal, Decimal]]:
     return {r.key: (money_round(r.cost), money_round(r.idle_cost)) for r in rows}
 
 
+@pytest.mark.smoke
 def test_the_worked_example_per_workload_to_the_cent(
     workload_example: dict[str, Any], hour: dt.datetime
 ) -> None:
@@ -74,6 +75,7 @@ def test_the_worked_example_per_workload_to_the_cent(
     assert by["103"].utilization == 0.0 and by["103"].held_hours == pytest.approx(1.0)
 
 
+@pytest.mark.smoke
 def test_the_worked_example_per_account_is_the_sum_of_its_workloads(
     workload_example: dict[str, Any], hour: dt.datetime
 ) -> None:
