@@ -1,6 +1,8 @@
+from typing import Any
+
 from django.contrib import admin
 
-from billing.models import CostProfile, ReportSubscription, WeeklyReport
+from billing.models import CostProfile, ReportSubscription, WeeklyReport, WorkloadTeamRule
 
 
 @admin.register(CostProfile)
@@ -26,3 +28,17 @@ class WeeklyReportAdmin(admin.ModelAdmin[WeeklyReport]):
 @admin.register(ReportSubscription)
 class ReportSubscriptionAdmin(admin.ModelAdmin[ReportSubscription]):
     list_display = ["user", "opted_in"]
+
+
+@admin.register(WorkloadTeamRule)
+class WorkloadTeamRuleAdmin(admin.ModelAdmin[WorkloadTeamRule]):
+    """Read-only: the fleet file's ``[[workload_teams]]`` own the rules (``fleet_apply``)."""
+
+    list_display = ["position", "match", "team"]
+    readonly_fields = ["position", "match_field", "pattern", "team"]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False

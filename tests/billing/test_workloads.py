@@ -275,3 +275,13 @@ def test_a_window_of_hours(workload_example: dict[str, Any], hour: dt.datetime) 
     )
     with pytest.raises(ValueError, match="^start"):
         workload_figures(start=hour.replace(tzinfo=None), end=hour.replace(tzinfo=None, hour=5))
+
+
+def test_workload_teams_in_the_admin_read_only(db: Any, role_client: Any) -> None:
+    from billing.services import fleet_document_apply
+
+    fleet_document_apply(document=_document([{"match": "account:nlp", "team": "research"}]))
+    admin = role_client("admin")
+    page = admin.get("/admin/billing/workloadteamrule/")
+    assert page.status_code == 200 and "account:nlp" in page.content.decode()
+    assert admin.get("/admin/billing/workloadteamrule/add/").status_code == 403
