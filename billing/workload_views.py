@@ -118,23 +118,28 @@ def workloads(request: HttpRequest) -> HttpResponse:
         end=flt.end_exclusive,
         group_bys=("workload", "user", "account"),
         filters=filters,
+        limits={"workload": LIST_ROWS},
+        worst="idle_cost" if costs else "held_hours",
     )
     rows, users, accounts = figures["workload"], figures["user"], figures["account"]
+    # The totals from the users' rows: every workload has exactly one user (or none), and
+    # the workloads' list holds only the worst of them.
+    total = sum(u.workloads for u in users)
     keep = list(own.items())
     cur = flt.currency
     cards = [
-        _card("Workloads", f"{len(rows):,}", f"{len(users):,} users", ident="kpi-workloads"),
+        _card("Workloads", f"{total:,}", f"{len(users):,} users", ident="kpi-workloads"),
         _card(
             "GPU hours held by workloads",
-            num(sum(r.gpu_hours for r in rows), 0),
-            f"{num(sum(r.air_hours for r in rows), 0)} h in the air",
+            num(sum(r.gpu_hours for r in users), 0),
+            f"{num(sum(r.air_hours for r in users), 0)} h in the air",
             accent="air",
             unit="h",
             ident="kpi-workload-gpu-hours",
         ),
         _card(
             "Held, no kernel running",
-            num(sum(r.held_hours for r in rows), 0),
+            num(sum(r.held_hours for r in users), 0),
             "GPU hours",
             unit="h",
             ident="kpi-workload-held-hours",
@@ -142,10 +147,10 @@ def workloads(request: HttpRequest) -> HttpResponse:
     ]
     if costs:
         cards += [
-            _money_card("Cost", sum((r.cost for r in rows), Decimal(0)), cur, ident="kpi-cost"),
+            _money_card("Cost", sum((r.cost for r in users), Decimal(0)), cur, ident="kpi-cost"),
             _money_card(
                 "Idle cost",
-                sum((r.idle_cost for r in rows), Decimal(0)),
+                sum((r.idle_cost for r in users), Decimal(0)),
                 cur,
                 "of held hours",
                 accent="idle-money",
@@ -170,9 +175,9 @@ def workloads(request: HttpRequest) -> HttpResponse:
             own_errors=errors,
             kinds=WORKLOAD_KINDS,
             cards=cards,
-            rows=workload_table(rows, costs, flt.querystring, LIST_ROWS),
-            total=len(rows),
-            shown=min(len(rows), LIST_ROWS),
+            rows=workload_table(rows, costs, flt.querystring),
+            total=total,
+            shown=len(rows),
             users=workload_table(users, costs, limit=GROUP_ROWS),
             accounts=workload_table(accounts, costs, limit=GROUP_ROWS),
             csv_url=f"/api/v1/workloads?{api}&format=csv",

@@ -45,6 +45,8 @@ def test_workloads_page_for_finance(
     accounts = html[html.index('id="account-table"') :]
     assert "1.26" in accounts and "0.90" in accounts
     assert 'id="workloads-csv"' in html and "format=csv" in html
+    kpi = html[html.index('id="kpi-workloads"') :]
+    assert kpi[kpi.index('class="value"') :].startswith('class="value">3<')
     assert 'href="/workloads/' in table  # rows link to their workload
     nav = html[: html.index("<main")] if "<main" in html else html
     assert ">Workloads<" in nav

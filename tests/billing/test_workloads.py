@@ -285,3 +285,17 @@ def test_workload_teams_in_the_admin_read_only(db: Any, role_client: Any) -> Non
     page = admin.get("/admin/billing/workloadteamrule/")
     assert page.status_code == 200 and "account:nlp" in page.content.decode()
     assert admin.get("/admin/billing/workloadteamrule/add/").status_code == 403
+
+
+def test_limits_keep_the_worst_rows(workload_example: dict[str, Any], hour: dt.datetime) -> None:
+    from billing.workloads import workload_figures_by
+
+    got = workload_figures_by(**_span(hour), group_bys=("workload", "user"), limits={"workload": 1})
+    assert [r.key for r in got["workload"]] == ["103"]  # idle 0.81
+    assert len(got["user"]) == 3  # no limit there
+    held = workload_figures_by(
+        **_span(hour), group_bys=("workload",), limits={"workload": 2}, worst="held_hours"
+    )
+    assert [r.key for r in held["workload"]] == ["103", "101"]  # 1.0 h, then 0.1 h (by key)
+    with pytest.raises(ValueError, match="^worst"):
+        workload_figures_by(**_span(hour), group_bys=("workload",), worst="cost")
