@@ -46,6 +46,24 @@ def main() -> int:
     )
     args = parser.parse_args()
 
+    db_name = bench_database("bench", reuse=args.reuse)
+    if db_name is None:
+        print("bench/dashboard.py needs PostgreSQL: set DATABASE_URL", file=sys.stderr)
+        return 2
+    from django.db import connection
+
+    print(f"database {db_name}: {args.gpus} GPUs × {args.days} days of hourly rollups")
+    try:
+        return run(args)
+    finally:
+        if not args.keep:
+            connection.creation.destroy_test_db(db_name, verbosity=0)
+
+
+def bench_database(prefix: str, *, reuse: bool) -> str | None:
+    """Django set up to serve pages in-process, on a database of its own
+    (``<prefix>_<name>``, apart from the test suite's ``test_<name>``); ``None`` without
+    PostgreSQL."""
     import django
 
     django.setup()
@@ -54,8 +72,7 @@ def main() -> int:
     from django.test.utils import setup_test_environment
 
     if not settings.IS_POSTGRES:
-        print("bench/dashboard.py needs PostgreSQL: set DATABASE_URL", file=sys.stderr)
-        return 2
+        return None
     setup_test_environment()
     settings.ALLOWED_HOSTS = ["*"]
     finder = "billing.staticfiles.PlotlyJsFinder"
@@ -64,20 +81,14 @@ def main() -> int:
         "django.contrib.staticfiles.finders.AppDirectoriesFinder",
         finder,
     ]
-    # A database of its own, apart from the test suite's test_<name>.
     db = settings.DATABASES["default"]
-    db.setdefault("TEST", {})["NAME"] = f"bench_{db['NAME']}"
+    db.setdefault("TEST", {})["NAME"] = f"{prefix}_{db['NAME']}"
     # serialize=False: no in-memory copy of the contents (2 M rows on --reuse), which only
     # TransactionTestCase needs.
-    db_name = connection.creation.create_test_db(
-        verbosity=0, autoclobber=True, keepdb=args.reuse, serialize=False
+    name: str = connection.creation.create_test_db(
+        verbosity=0, autoclobber=True, keepdb=reuse, serialize=False
     )
-    print(f"database {db_name}: {args.gpus} GPUs × {args.days} days of hourly rollups")
-    try:
-        return run(args)
-    finally:
-        if not args.keep:
-            connection.creation.destroy_test_db(db_name, verbosity=0)
+    return name
 
 
 def build_fleet(gpus: int, days: int) -> tuple[dt.datetime, dt.datetime]:

@@ -21,6 +21,11 @@ One day of 1-minute samples for 1,000 GPUs (1.44 M rows, loaded with COPY) on Po
 Goals: rollup ≥ 0.7 × the reference's speed; re-run ≤ 1.5 × the first run; with the profiling
 figures ≤ 1.15 × without. Ratios print last.
 
+``--workloads``: instead, the same day with two workloads per sample (two Slurm jobs sharing each
+GPU, ``share_s`` 30 each, ``air_s`` half the sample's air time each) against the day without,
+``rollup_run`` of each in alternating rounds (the arrays are set or cleared by one UPDATE and a
+VACUUM before each): issue 14's goal is ≤ 1.3× the rollup without.
+
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/DB .venv/bin/python bench/rollup.py
 
 The database must be migrated. The script adds a node ``bench-rollup`` and GPUs
@@ -52,7 +57,7 @@ from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from fleet.models import FleetSettings, Gpu, Node  # noqa: E402
-from telemetry.models import RollupColumn  # noqa: E402
+from telemetry.models import RollupColumn, Workload  # noqa: E402
 from telemetry.pending import hours_mark  # noqa: E402
 from telemetry.rollup import rollup_run  # noqa: E402
 
@@ -64,6 +69,7 @@ COLUMNS = (
     "tensor_active, dram_active, prof_s, received_at"
 )
 MEMORY_TOTAL = 80 * 1024**3
+WORKLOAD_PREFIX = "bench-rollup-"
 
 # The reference: the rollup as one would write it by hand for one known day, in one statement,
 # with the same per-sample rules (docs/metrics.md) and attribution, into a copy of the table.
@@ -190,6 +196,10 @@ def cleanup(lo: dt.datetime, hi: dt.datetime) -> None:
                 [gpu_ids, lo, hi],
             )
             cursor.execute("DELETE FROM telemetry_hourlyusage WHERE gpu_id = ANY(%s)", [gpu_ids])
+            cursor.execute(
+                "DELETE FROM telemetry_workloadhourlyusage WHERE gpu_id = ANY(%s)", [gpu_ids]
+            )
+    Workload.objects.filter(key__startswith=WORKLOAD_PREFIX).delete()
     Gpu.objects.filter(node__hostname=NODE).delete()
     Node.objects.filter(hostname=NODE).delete()
 
@@ -293,6 +303,76 @@ def without_profiling() -> Iterator[None]:
         rollup._sql.cache_clear()
 
 
+def workloads_compare(
+    gpu_ids: list[int],
+    lo: dt.datetime,
+    hi: dt.datetime,
+    rollup: Any,
+    empty_targets: Any,
+    rounds: int,
+) -> None:
+    """``rollup_run`` of the day with two workloads per sample against the same day without,
+    in alternating rounds; prints the ratio of the best times."""
+    made = Workload.objects.bulk_create(
+        Workload(kind="slurm", key=f"{WORKLOAD_PREFIX}{i}", created_at=timezone.now())
+        for i in range(2 * len(gpu_ids))
+    )
+    pairs: dict[str, Any] = {
+        "gpus": gpu_ids,
+        "one": [made[2 * i].pk for i in range(len(gpu_ids))],
+        "two": [made[2 * i + 1].pk for i in range(len(gpu_ids))],
+        "lo": lo,
+        "hi": hi,
+    }
+
+    def arrays(on: bool) -> None:
+        with connection.cursor() as cursor:
+            if on:
+                cursor.execute(
+                    """
+                    UPDATE telemetry_sample AS s
+                    SET workload_ids = ARRAY[m.one, m.two],
+                        workload_share_s = ARRAY[s.seconds / 2.0, s.seconds / 2.0],
+                        workload_air_s = ARRAY[s.util_pct / 100 * s.seconds / 2,
+                                               s.util_pct / 100 * s.seconds / 2]
+                    FROM unnest(%(gpus)s::bigint[], %(one)s::bigint[], %(two)s::bigint[])
+                        AS m(gpu_id, one, two)
+                    WHERE s.gpu_id = m.gpu_id AND s.start >= %(lo)s AND s.start < %(hi)s
+                    """,
+                    pairs,
+                )
+            else:
+                cursor.execute(
+                    "UPDATE telemetry_sample SET workload_ids = NULL, workload_share_s = NULL,"
+                    " workload_air_s = NULL WHERE gpu_id = ANY(%s) AND start >= %s"
+                    " AND start < %s",
+                    [gpu_ids, lo, hi],
+                )
+            cursor.execute(
+                "DELETE FROM telemetry_workloadhourlyusage WHERE gpu_id = ANY(%s)", [gpu_ids]
+            )
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE telemetry_sample")
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for round_no in range(rounds):
+        for on in (False, True) if round_no % 2 == 0 else (True, False):
+            arrays(on)
+            empty_targets()
+            times[on].append(timed(rollup)[0])
+    without, with_ = min(times[False]), min(times[True])
+    rows = connection.cursor()
+    rows.execute(
+        "SELECT count(*) FROM telemetry_workloadhourlyusage WHERE gpu_id = ANY(%s)", [gpu_ids]
+    )
+    print(f"rollup_run without workloads:           {without:6.2f} s (best of {rounds})")
+    print(
+        f"rollup_run, two workloads per sample:   {with_:6.2f} s, {rows.fetchone()[0]:,} "
+        "workload rows"
+    )
+    print(f"ratio with / without workloads: {with_ / without:.2f} (goal <= 1.30)")
+
+
 def timed(fn: Any) -> tuple[float, Any]:
     t = time.perf_counter()
     value = fn()
@@ -306,6 +386,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="leave the bench data in place")
+    parser.add_argument(
+        "--workloads", action="store_true", help="also: two workloads per sample against none"
+    )
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         sys.exit("bench/rollup.py needs PostgreSQL: set DATABASE_URL")
@@ -360,6 +443,9 @@ def main() -> None:
                 )
                 cursor.execute("VACUUM telemetry_hourlyusage")
 
+        if args.workloads:  # this comparison alone: the reference is not part of it
+            workloads_compare(gpu_ids, lo, hi, rollup, empty_targets, args.rounds)
+            return
         # Rounds in alternating order (who goes first must not matter); the best of each is
         # kept, the usual estimate of a cost on a machine that others share.
         ref_times, first_times, rerun_times, ref_rerun_times = [], [], [], []

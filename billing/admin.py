@@ -8,7 +8,13 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from billing.models import CostProfile, MonthClose, ReportSubscription, WeeklyReport
+from billing.models import (
+    CostProfile,
+    MonthClose,
+    ReportSubscription,
+    WeeklyReport,
+    WorkloadTeamRule,
+)
 from billing.month_close import month_close, month_ended_check
 
 
@@ -98,3 +104,17 @@ class MonthCloseAdmin(admin.ModelAdmin[MonthClose]):
                 self.message_user(request, str(exc), level=messages.ERROR)
             else:
                 self.message_user(request, result.message)
+
+
+@admin.register(WorkloadTeamRule)
+class WorkloadTeamRuleAdmin(admin.ModelAdmin[WorkloadTeamRule]):
+    """Read-only: the fleet file's ``[[workload_teams]]`` own the rules (``fleet_apply``)."""
+
+    list_display = ["position", "match", "team"]
+    readonly_fields = ["position", "match_field", "pattern", "team"]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing import views
+from billing import views, workload_views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -14,4 +14,6 @@ urlpatterns = [
     path("chargeback/focus/", views.focus_export_create, name="focus-export-create"),
     path("chargeback/focus/<int:pk>/", views.focus_export_download, name="focus-export-download"),
     path("breakeven/", views.breakeven, name="breakeven"),
+    path("workloads/", workload_views.workloads, name="workloads"),
+    path("workloads/<int:pk>/", workload_views.workload_detail, name="workload-detail"),
 ]

@@ -310,6 +310,8 @@ def overview(request: HttpRequest) -> HttpResponse:
             figures["chart-cost-per-air-hour"] = charts.cost_per_air_hour_trend(
                 daily, currency=cur, partial_day=today
             )
+    from billing.workload_views import overview_workloads  # it builds on this module's cards
+
     return render(
         request,
         "billing/overview.html",
@@ -324,6 +326,9 @@ def overview(request: HttpRequest) -> HttpResponse:
             figures=figures,
             blocks=blocks(row),
             priced=row.priced,
+            workloads=overview_workloads(flt=flt, held_hours=row.held_hours, costs=costs)
+            if has_data
+            else None,
         ),
     )
 
@@ -756,6 +761,8 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
         cards.append(_work_card(row, costs=costs, currency=flt.currency))
     node = gpu.node
     site = node.effective_site
+    from billing.workload_views import gpu_workloads  # it builds on this module's cards
+
     return render(
         request,
         "billing/gpu_detail.html",
@@ -780,6 +787,7 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
             has_hourly="chart-gpu-hourly" in figures,
             has_activity="chart-gpu-activity" in figures,
             has_recent="chart-gpu-recent" in figures,
+            workloads=gpu_workloads(flt=flt, uuid=gpu.uuid, costs=costs),
         ),
     )
 

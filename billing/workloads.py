@@ -3,24 +3,27 @@
 
 One read of the hourly workload rollups (``telemetry.WorkloadHourlyUsage``) summed in SQL per
 workload, GPU, attribution (team, site) and, where a GPU's rate changes inside the period (its
-depreciation ends), per hour; then the money of each of those parts through
-``billing.cost_model`` at the GPU's fixed rate, and the parts summed per group. A group's
-figures are the sums of its parts; its ratios are ratios of those sums.
+depreciation ends), per hour; those parts summed again per workload, fixed rate, team and site
+and priced there through ``billing.cost_model`` (``workload_cost``); then summed per group. A
+group's figures are the sums of its parts; its ratios are ratios of those sums.
 
-``workload_figures`` is the one entry point: the Workloads page, its detail page, the GPU
-page, the overview, the finance API and the alerts call it.
+Entry points: ``workload_figures(start, end, group_by, filters)`` → rows, worst idle cost first
+(the finance API, the alerts); ``workload_figures_by`` for several groupings from one read (the
+pages); ``workload_accounts``, the accounts' figures summed per account rather than per
+workload (the overview's panel, affordable over a long range).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Case, DateTimeField, F, FloatField, Sum, Value, When
-from django.utils import timezone
+from django.db import connections
+from django.db.models import Case, DateTimeField, F, FloatField, Q, Sum, Value, When
+from django.utils.dateparse import parse_datetime
 
 from billing import cost_model as cm
 from billing.models import CostProfile, WorkloadTeamRule
@@ -70,14 +73,18 @@ def team_rules_load() -> list[TeamRule]:
 # --- what callers ask and get ---------------------------------------------------------------
 @dataclass(frozen=True)
 class WorkloadFilters:
-    """Restrictions, each a set of allowed values (empty: no restriction). ``teams`` and
-    ``sites`` are names; ``gpus`` UUIDs; ``workloads`` primary keys."""
+    """Restrictions, each a set of allowed values (empty: no restriction). ``teams``,
+    ``sites`` and ``pools`` are names (the site and pool of the GPU in each hour, as its cost
+    rows attribute them; the team after ``[[workload_teams]]``); ``models`` GPU model keys;
+    ``gpus`` UUIDs; ``workloads`` primary keys."""
 
     kinds: tuple[str, ...] = ()
     users: tuple[str, ...] = ()
     accounts: tuple[str, ...] = ()
     teams: tuple[str, ...] = ()
     sites: tuple[str, ...] = ()
+    pools: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
     gpus: tuple[str, ...] = ()
     workloads: tuple[int, ...] = ()
 
@@ -174,7 +181,7 @@ class _SiteTerms:
 # --- parts: one SQL aggregate ---------------------------------------------------------------
 @dataclass
 class _Part:
-    workload_id: int
+    workload_id: Any  # the workload's id; its account where the parts are summed per account
     gpu_id: int
     team_id: int | None
     site_id: int | None
@@ -192,6 +199,7 @@ def _parts(
     filters: WorkloadFilters,
     split_gpu_ids: list[int],
     per_hour: bool,
+    owner: str = "workload_id",
 ) -> list[_Part]:
     """Σ of the hourly workload rows in the window per (workload, GPU, team, site[, hour]).
 
@@ -204,7 +212,9 @@ def _parts(
         ("workload__kind__in", filters.kinds),
         ("workload__user_name__in", filters.users),
         ("workload__account__in", filters.accounts),
-        ("workload__site__name__in", filters.sites),
+        ("site__name__in", filters.sites),
+        ("pool__name__in", filters.pools),
+        ("gpu__model__key__in", filters.models),
         ("gpu__uuid__in", filters.gpus),
     ):
         if allowed:
@@ -227,7 +237,7 @@ def _parts(
     )
     rows = (
         qs.annotate(part_hour=hour)
-        .values("workload_id", "gpu_id", "team_id", "site_id", "part_hour")
+        .values(owner, "gpu_id", "team_id", "site_id", "part_hour")
         .annotate(
             sum_gpu_s=Sum("gpu_s"),
             sum_air_s=Sum("air_s"),
@@ -235,7 +245,7 @@ def _parts(
             sum_idle_energy_j=Sum(held_energy),
         )
         .values_list(
-            "workload_id",
+            owner,
             "gpu_id",
             "team_id",
             "site_id",
@@ -246,33 +256,71 @@ def _parts(
             "sum_idle_energy_j",
         )
     )
+    # Executed by hand, past the ORM's per-row converters (a tenth of a second per 50,000
+    # rows): every column but the hour is a plain number in both dialects.
+    sql, params = rows.query.get_compiler(using=rows.db).as_sql()
+    with connections[rows.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        fetched = cursor.fetchall()
     return [
-        _Part(w, g, t, s, h, float(gs or 0), float(a or 0), float(e or 0), float(ie or 0))
-        for w, g, t, s, h, gs, a, e, ie in rows
+        _Part(w, g, t, s, _aware(h), float(gs or 0), float(a or 0), float(e or 0), float(ie or 0))
+        for w, g, t, s, h, gs, a, e, ie in fetched
     ]
+
+
+def _aware(hour: Any) -> dt.datetime | None:
+    """An hour as the cursor gives it (aware on PostgreSQL; naive UTC or its text on SQLite),
+    as an aware UTC datetime."""
+    if hour is None:
+        return None
+    parsed = hour if isinstance(hour, dt.datetime) else parse_datetime(str(hour))
+    if parsed is None:
+        raise ValueError(f"not a datetime: {hour!r}")
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
 # --- groups ---------------------------------------------------------------------------------
 @dataclass
+class _Bucket:
+    """Parts of one workload at one rate, team and site (and hour or GPU, where a page asks):
+    their sums, priced once."""
+
+    workload_id: Any  # as _Part
+    team: str
+    day: dt.date | None
+    gpu_id: int | None
+    gpu_ids: set[int] = field(default_factory=set)
+    gpu_s: float = 0.0
+    air_s: float = 0.0
+    energy_j: float = 0.0
+    idle_energy_j: float = 0.0
+    cost: Decimal = Decimal(0)
+    idle_cost: Decimal = Decimal(0)
+    priced: bool = True
+
+
+@dataclass
 class _Acc:
     workload_ids: set[int] = field(default_factory=set)
     gpu_ids: set[int] = field(default_factory=set)
-    texts: dict[str, set[str]] = field(default_factory=dict)
+    teams: set[str] = field(default_factory=set)
     gpu_s: float = 0.0
     air_s: float = 0.0
     energy_j: float = 0.0
     cost: Decimal = Decimal(0)
     idle_cost: Decimal = Decimal(0)
     priced: bool = True
-    first_seen: dt.datetime | None = None
-    last_seen: dt.datetime | None = None
 
-    def text(self, name: str, value: str) -> None:
-        self.texts.setdefault(name, set()).add(value)
-
-    def one(self, name: str) -> str | None:
-        values = self.texts.get(name, set())
-        return next(iter(values)) if len(values) == 1 else None
+    def add(self, bucket: _Bucket) -> None:
+        self.workload_ids.add(bucket.workload_id)
+        self.gpu_ids |= bucket.gpu_ids
+        self.teams.add(bucket.team)
+        self.gpu_s += bucket.gpu_s
+        self.air_s += bucket.air_s
+        self.energy_j += bucket.energy_j
+        self.cost += bucket.cost
+        self.idle_cost += bucket.idle_cost
+        self.priced = self.priced and bucket.priced
 
 
 @dataclass(frozen=True)
@@ -282,17 +330,24 @@ class _WorkloadInfo:
     user: str
     account: str
     name: str
-    site_id: int | None
+    site: str
     first_seen: dt.datetime | None
     last_seen: dt.datetime | None
     rule_team_id: int | None
 
 
 def _window(start: dt.date, end: dt.date, zone: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
-    def midnight(day: dt.date) -> dt.datetime:
+    """Local days [start, end) of the report time zone as UTC moments; aware datetimes (an
+    alert's window of whole hours) are taken as they are."""
+
+    def moment(day: dt.date) -> dt.datetime:
+        if isinstance(day, dt.datetime):
+            if day.tzinfo is None:
+                raise ValueError("start: a datetime must be aware")
+            return day.astimezone(dt.UTC)
         return dt.datetime.combine(day, dt.time(), tzinfo=zone).astimezone(dt.UTC)
 
-    return midnight(start), midnight(end)
+    return moment(start), moment(end)
 
 
 def workload_figures(
@@ -301,10 +356,10 @@ def workload_figures(
     end: dt.date,
     group_by: str = "workload",
     filters: WorkloadFilters | None = None,
-    now: dt.datetime | None = None,
 ) -> list[WorkloadRow]:
     """One row per group (``GROUP_BY``, or the pages' ``gpu`` and ``day``) over the local days
-    [start, end) of the report time zone, worst idle cost first (then GPU hours, then key).
+    [start, end) of the report time zone (or, given aware datetimes, the hours that start in
+    [start, end)), worst idle cost first (then GPU hours, then key).
 
     GPU hours = Σ share_s / 3600, air hours = Σ air_s / 3600, held = GPU − air hours,
     utilisation = air / GPU hours, energy = Σ the samples' energy × share_s / seconds; cost =
@@ -312,41 +367,181 @@ def workload_figures(
     cost = Σ over hourly rows of that hour's cost × held / GPU hours. Team: the first
     ``[[workload_teams]]`` rule that matches, else the team of the GPU's pool in that hour.
     """
+    return workload_figures_by(start=start, end=end, group_bys=(group_by,), filters=filters)[
+        group_by
+    ]
+
+
+def workload_figures_by(
+    *,
+    start: dt.date,
+    end: dt.date,
+    group_bys: Sequence[str],
+    filters: WorkloadFilters | None = None,
+    limits: Mapping[str, int] | None = None,
+    worst: str = "idle_cost",
+) -> dict[str, list[WorkloadRow]]:
+    """``workload_figures`` for several groupings from one read of the rollups (a page that
+    shows workloads, users and accounts reads them once). ``limits``: per grouping, only its
+    first rows, worst first by ``worst`` (``idle_cost``, or ``held_hours`` for a page without
+    money): a page of 200 out of 45,000 workloads builds 200 rows."""
+    if worst not in ("idle_cost", "held_hours"):
+        raise ValueError("worst: idle_cost or held_hours")
     if end <= start:
         raise ValueError("end: must be after start")
-    if group_by not in PAGE_GROUP_BY:
-        raise ValueError(f"group_by: must be one of {', '.join(GROUP_BY)}")
+    for group_by in group_bys:
+        if group_by not in PAGE_GROUP_BY:
+            raise ValueError(f"group_by: must be one of {', '.join(GROUP_BY)}")
     filters = filters or WorkloadFilters()
-    now = now or timezone.now()
     fleet_settings = FleetSettings.load()
     zone = fleet_settings.report_zone
     window_start, window_end = _window(start, end, zone)
     pricing = _pricing_load()
-    # A GPU whose depreciation ends inside the window changes rate there: its hours apart.
-    split = []
-    for gpu_id, p in pricing.items():
-        ends = p.depreciation_ends()
-        if ends is not None and window_start < ends < window_end:
-            split.append(gpu_id)
     parts = _parts(
         window_start=window_start,
         window_end=window_end,
         filters=filters,
-        split_gpu_ids=split,
-        per_hour=group_by == "day",
+        split_gpu_ids=_split(pricing, window_start, window_end),
+        per_hour="day" in group_bys,
     )
+    out: dict[str, list[WorkloadRow]] = {g: [] for g in group_bys}
     if not parts:
-        return []
+        return out
+    workloads = _workloads_load({p.workload_id for p in parts}, window_start, window_end)
+    buckets = _buckets(
+        parts,
+        workloads=workloads,
+        pricing=pricing,
+        window=(window_start, window_end),
+        zone=zone,
+        per_gpu="gpu" in group_bys,
+        teams_allowed=frozenset(filters.teams),
+    )
+    for group_by in group_bys:
+        groups: dict[Any, _Acc] = {}
+        for bucket in buckets:
+            key = _group_key(group_by, bucket, workloads[bucket.workload_id])
+            acc = groups.get(key)
+            if acc is None:
+                acc = groups[key] = _Acc()
+            acc.add(bucket)
+        keyed = [
+            (_text_key(group_by, key, workloads, pricing), key, acc) for key, acc in groups.items()
+        ]
+        keyed.sort(key=lambda k: k[0])
+        if worst == "idle_cost":
+            keyed.sort(key=lambda k: (k[2].idle_cost, k[2].gpu_s), reverse=True)
+        else:
+            keyed.sort(key=lambda k: k[2].gpu_s - k[2].air_s, reverse=True)
+        out[group_by] = [
+            _row(group_by, key, acc, workloads, pricing, fleet_settings.currency)
+            for _, key, acc in keyed[: (limits or {}).get(group_by)]
+        ]
+    return out
+
+
+def workload_accounts(
+    *, start: dt.date, end: dt.date, filters: WorkloadFilters | None = None
+) -> list[WorkloadRow]:
+    """The accounts' GPU hours, held hours and money, summed in SQL per account and GPU rather
+    than per workload: the overview's top accounts and its share of held hours, affordable
+    over a long range. The same figures as ``workload_figures(group_by="account")``; the rows
+    carry only those: no team (rules are per workload), no other names, no seen times, and
+    ``workloads`` 0. Not with a team filter (a workload's team needs its rules): use
+    ``workload_figures`` there."""
+    filters = filters or WorkloadFilters()
+    if filters.teams:
+        raise ValueError("team: workload_accounts takes no team filter")
+    if end <= start:
+        raise ValueError("end: must be after start")
+    fleet_settings = FleetSettings.load()
+    zone = fleet_settings.report_zone
+    window_start, window_end = _window(start, end, zone)
+    pricing = _pricing_load()
+    parts = _parts(
+        window_start=window_start,
+        window_end=window_end,
+        filters=filters,
+        split_gpu_ids=_split(pricing, window_start, window_end),
+        per_hour=False,
+        owner="workload__account",
+    )
+    buckets = _buckets(
+        parts,
+        workloads={},
+        pricing=pricing,
+        window=(window_start, window_end),
+        zone=zone,
+        per_gpu=False,
+        teams_allowed=frozenset(),
+        lean=True,
+    )
+    groups: dict[str, _Acc] = {}
+    for bucket in buckets:
+        groups.setdefault(bucket.workload_id or UNASSIGNED, _Acc()).add(bucket)
+    rows = []
+    for key, acc in groups.items():
+        gpu_h = cm.hours_from_seconds(seconds=acc.gpu_s)
+        air_h = cm.hours_from_seconds(seconds=acc.air_s)
+        rows.append(
+            WorkloadRow(
+                key=key,
+                kind=None,
+                name=None,
+                user=None,
+                account=None if key == UNASSIGNED else key,
+                team=None,
+                site=None,
+                gpus=len(acc.gpu_ids),
+                workloads=0,
+                workload_pk=None,
+                first_seen=None,
+                last_seen=None,
+                gpu_hours=float(gpu_h),
+                air_hours=float(air_h),
+                held_hours=float(gpu_h - air_h),
+                utilization=cm.utilization(air_hours=air_h, capacity_hours=gpu_h),
+                energy_kwh=float(cm.kwh_from_joules(energy_j=acc.energy_j)),
+                cost=acc.cost,
+                idle_cost=acc.idle_cost,
+                currency=fleet_settings.currency,
+                priced=acc.priced,
+            )
+        )
+    _worst_first(rows)
+    return rows
+
+
+def _worst_first(rows: list[WorkloadRow]) -> None:
+    """Highest idle cost first, then most GPU hours, then by key (two stable sorts)."""
+    rows.sort(key=lambda r: r.key)
+    rows.sort(key=lambda r: (r.idle_cost, r.gpu_hours), reverse=True)
+
+
+def _split(pricing: dict[int, _Pricing], start: dt.datetime, end: dt.datetime) -> list[int]:
+    """The GPUs whose depreciation ends inside [start, end): their rate changes there, so
+    their hours are priced apart."""
+    split = []
+    for gpu_id, p in pricing.items():
+        ends = p.depreciation_ends()
+        if ends is not None and start < ends < end:
+            split.append(gpu_id)
+    return split
+
+
+def _workloads_load(
+    ids: set[int], window_start: dt.datetime, window_end: dt.datetime
+) -> dict[int, _WorkloadInfo]:
+    """The workloads ``ids`` with their team rule applied. Many are read as those seen in the
+    window (a workload with rollup rows in it was seen then), not by a list of ids."""
     rules = team_rules_load()
-    teams = dict(Team.objects.values_list("id", "name"))
-    sites = {
-        s.pk: _SiteTerms(name=s.name, pue=s.pue, price_per_kwh=s.price_per_kwh)
-        for s in Site.objects.all()
-    }
+    sites = dict(Site.objects.values_list("id", "name"))
     workloads: dict[int, _WorkloadInfo] = {}
-    for pk, kind, key, user, account, name, site_id, first, last in Workload.objects.filter(
-        pk__in={p.workload_id for p in parts}
-    ).values_list(
+    qs = Workload.objects.filter(pk__in=ids)
+    if len(ids) > 1000:
+        seen = Q(first_seen_at__lt=window_end, last_seen_at__gt=window_start)
+        qs = Workload.objects.filter(seen | Q(first_seen_at__isnull=True))
+    for pk, kind, key, user, account, name, site_id, first, last in qs.values_list(
         "pk",
         "kind",
         "key",
@@ -357,114 +552,135 @@ def workload_figures(
         "first_seen_at",
         "last_seen_at",
     ):
+        if pk not in ids:
+            continue
         workloads[pk] = _WorkloadInfo(
             kind=kind,
             key=key,
             user=user,
             account=account,
             name=name,
-            site_id=site_id,
+            site=sites.get(site_id, ""),
             first_seen=first,
             last_seen=last,
             rule_team_id=team_rule_match(rules, kind=kind, key=key, user=user, account=account),
         )
-    rates: dict[tuple[int, dt.datetime | None], Decimal] = {}
-    groups: dict[Any, _Acc] = {}
+    return workloads
+
+
+def _buckets(
+    parts: list[_Part],
+    *,
+    workloads: dict[int, _WorkloadInfo],
+    pricing: dict[int, _Pricing],
+    window: tuple[dt.datetime, dt.datetime],
+    zone: dt.tzinfo,
+    per_gpu: bool,
+    teams_allowed: frozenset[str],
+    lean: bool = False,
+) -> list[_Bucket]:
+    """The parts summed per workload, rate, kind of profile, team and site (and day or GPU),
+    then priced through the cost model: a workload's 8 GPUs of one pool are priced once."""
+    teams = dict(Team.objects.values_list("id", "name"))
+    sites = {
+        s.pk: _SiteTerms(name=s.name, pue=s.pue, price_per_kwh=s.price_per_kwh)
+        for s in Site.objects.all()
+    }
+    rates: dict[tuple[int, dt.datetime | None], tuple[Decimal, str | None, bool]] = {}
+    buckets: dict[tuple[Any, ...], _Bucket] = {}
     for part in parts:
         info = workloads.get(part.workload_id)
-        if info is None:  # a rollup row of a workload since removed by hand
+        if info is None and not lean:  # a rollup row of a workload since removed by hand
             continue
-        team_id = info.rule_team_id if info.rule_team_id is not None else part.team_id
+        rule_team_id = info.rule_team_id if info is not None else None
+        team_id = rule_team_id if rule_team_id is not None else part.team_id
         team = teams.get(team_id, UNASSIGNED) if team_id is not None else UNASSIGNED
-        if filters.teams and team not in filters.teams:
+        if teams_allowed and team not in teams_allowed:
             continue
-        price = pricing.get(part.gpu_id)
-        terms = price.terms if price is not None else None
         rate_key = (part.gpu_id, part.hour)
         rate = rates.get(rate_key)
         if rate is None:
-            lo, hi = (
-                (part.hour, part.hour + cm.ONE_HOUR)
-                if part.hour is not None
-                else (window_start, window_end)
-            )
-            rate = cm.mean_fixed_rate_per_hour(
-                terms=terms,
-                service_start=price.service_start if price is not None else None,
-                start=lo,
-                end=hi,
-            )
-            rates[rate_key] = rate
-        site = sites.get(part.site_id) if part.site_id is not None else None
+            rate = rates[rate_key] = _rate(pricing.get(part.gpu_id), part.hour, window)
+        day = part.hour.astimezone(zone).date() if part.hour is not None else None
+        gpu_id = part.gpu_id if per_gpu else None
+        key = (part.workload_id, rate, team, part.site_id, day, gpu_id)
+        bucket = buckets.get(key)
+        if bucket is None:
+            bucket = buckets[key] = _Bucket(part.workload_id, team, day, gpu_id)
+        bucket.gpu_ids.add(part.gpu_id)
+        bucket.gpu_s += part.gpu_s
+        bucket.air_s += part.air_s
+        bucket.energy_j += part.energy_j
+        bucket.idle_energy_j += part.idle_energy_j
+    for (_, (rate_per_hour, paid_as, profiled), _, site_id, _, _), bucket in buckets.items():
+        site = sites.get(site_id) if site_id is not None else None
         pue = site.pue if site is not None else Decimal(1)
         price_per_kwh = site.price_per_kwh if site is not None else Decimal(0)
-        paid_as = terms.kind if terms is not None else None
-        gpu_h = cm.hours_from_seconds(seconds=part.gpu_s)
-        held_h = gpu_h - cm.hours_from_seconds(seconds=part.air_s)
-        cost = cm.workload_cost(
+        gpu_h = cm.hours_from_seconds(seconds=bucket.gpu_s)
+        bucket.cost = cm.workload_cost(
             kind=paid_as,
-            fixed_rate_per_hour=rate,
+            fixed_rate_per_hour=rate_per_hour,
             gpu_hours=gpu_h,
-            energy_kwh=cm.kwh_from_joules(energy_j=part.energy_j),
+            energy_kwh=cm.kwh_from_joules(energy_j=bucket.energy_j),
             pue=pue,
             price_per_kwh=price_per_kwh,
         )
-        idle = cm.workload_cost(
+        bucket.idle_cost = cm.workload_cost(
             kind=paid_as,
-            fixed_rate_per_hour=rate,
-            gpu_hours=held_h,
-            energy_kwh=cm.kwh_from_joules(energy_j=part.idle_energy_j),
+            fixed_rate_per_hour=rate_per_hour,
+            gpu_hours=gpu_h - cm.hours_from_seconds(seconds=bucket.air_s),
+            energy_kwh=cm.kwh_from_joules(energy_j=bucket.idle_energy_j),
             pue=pue,
             price_per_kwh=price_per_kwh,
         )
-        key = _group_key(group_by, part, info, team, price, zone)
-        acc = groups.setdefault(key, _Acc())
-        acc.workload_ids.add(part.workload_id)
-        acc.gpu_ids.add(part.gpu_id)
-        acc.text("kind", info.kind)
-        acc.text("name", info.name)
-        acc.text("user", info.user)
-        acc.text("account", info.account)
-        acc.text("team", team)
-        acc.text("site", sites[info.site_id].name if info.site_id in sites else "")
-        acc.gpu_s += part.gpu_s
-        acc.air_s += part.air_s
-        acc.energy_j += part.energy_j
-        acc.cost += cost
-        acc.idle_cost += idle
-        acc.priced = acc.priced and terms is not None and site is not None
-        if info.first_seen is not None:
-            acc.first_seen = min(acc.first_seen or info.first_seen, info.first_seen)
-        if info.last_seen is not None:
-            acc.last_seen = max(acc.last_seen or info.last_seen, info.last_seen)
-    rows = [
-        _row(group_by, key, acc, workloads, pricing, fleet_settings.currency)
-        for key, acc in groups.items()
-    ]
-    rows.sort(key=lambda r: (-r.idle_cost, -r.gpu_hours, r.key))
-    return rows
+        bucket.priced = profiled and site is not None
+    return list(buckets.values())
 
 
-def _group_key(
-    group_by: str,
-    part: _Part,
-    info: _WorkloadInfo,
-    team: str,
-    price: _Pricing | None,
-    zone: dt.tzinfo,
-) -> Any:
+def _rate(
+    price: _Pricing | None, hour: dt.datetime | None, window: tuple[dt.datetime, dt.datetime]
+) -> tuple[Decimal, str | None, bool]:
+    """(fixed rate per hour, owned/rented, has a profile) of a GPU over one hour, or over the
+    window where its rate does not change in it."""
+    terms = price.terms if price is not None else None
+    lo, hi = (hour, hour + cm.ONE_HOUR) if hour is not None else window
+    rate = cm.mean_fixed_rate_per_hour(
+        terms=terms,
+        service_start=price.service_start if price is not None else None,
+        start=lo,
+        end=hi,
+    )
+    return rate, terms.kind if terms is not None else None, terms is not None
+
+
+def _group_key(group_by: str, bucket: _Bucket, info: _WorkloadInfo) -> Any:
     if group_by == "workload":
-        return part.workload_id
+        return bucket.workload_id
     if group_by == "user":
         return info.user or UNASSIGNED
     if group_by == "account":
         return info.account or UNASSIGNED
     if group_by == "team":
-        return team
+        return bucket.team
     if group_by == "gpu":
-        return part.gpu_id
-    assert part.hour is not None  # group_by "day" sums per hour
-    return part.hour.astimezone(zone).date()
+        return bucket.gpu_id
+    return bucket.day
+
+
+def _one(values: Iterable[str]) -> str | None:
+    """The value all share, else None."""
+    found = set(values)
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def _text_key(
+    group_by: str, key: Any, workloads: dict[int, _WorkloadInfo], pricing: dict[int, _Pricing]
+) -> str:
+    if group_by == "workload":
+        return workloads[key].key
+    if group_by == "gpu":
+        return pricing[key].uuid if key in pricing else str(key)
+    return str(key)
 
 
 def _row(
@@ -477,26 +693,25 @@ def _row(
 ) -> WorkloadRow:
     gpu_h = cm.hours_from_seconds(seconds=acc.gpu_s)
     air_h = cm.hours_from_seconds(seconds=acc.air_s)
+    infos = [workloads[w] for w in acc.workload_ids]
     only = next(iter(acc.workload_ids)) if len(acc.workload_ids) == 1 else None
-    if group_by == "workload":
-        text_key = workloads[key].key
-    elif group_by == "gpu":
-        text_key = pricing[key].uuid if key in pricing else str(key)
-    else:
-        text_key = str(key)
+    one: Any = _one if only is None else lambda values: next(iter(values))
+    text_key = _text_key(group_by, key, workloads, pricing)
+    firsts = [i.first_seen for i in infos if i.first_seen is not None]
+    lasts = [i.last_seen for i in infos if i.last_seen is not None]
     return WorkloadRow(
         key=text_key,
-        kind=acc.one("kind"),
-        name=acc.one("name"),
-        user=acc.one("user"),
-        account=acc.one("account"),
-        team=acc.one("team"),
-        site=acc.one("site"),
+        kind=one(i.kind for i in infos),
+        name=one(i.name for i in infos),
+        user=one(i.user for i in infos),
+        account=one(i.account for i in infos),
+        team=_one(acc.teams),
+        site=one(i.site for i in infos),
         gpus=len(acc.gpu_ids),
         workloads=len(acc.workload_ids),
         workload_pk=only,
-        first_seen=acc.first_seen,
-        last_seen=acc.last_seen,
+        first_seen=min(firsts) if firsts else None,
+        last_seen=max(lasts) if lasts else None,
         gpu_hours=float(gpu_h),
         air_hours=float(air_h),
         held_hours=float(gpu_h - air_h),

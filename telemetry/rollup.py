@@ -242,6 +242,10 @@ def _recompute(batch: list[dt.datetime], *, active_util_pct: float) -> tuple[int
             row = cursor.fetchone()
             assert row is not None
             # The workloads' rows after the GPUs': they take the GPU-hour's attribution.
+            # Their sums group about two rows per sample; with the default 4 MB the planner
+            # sorts them on disk (a day of 1,000 GPUs with two workloads per sample: 230 MB,
+            # 10 s), with this it hashes them in ~40 MB (4–7 s). This transaction only.
+            cursor.execute("SELECT set_config('work_mem', '128MB', true)")
             cursor.execute(
                 _sql("rollup_workloads.postgresql"),
                 {"hours": batch, "lo": lo, "hi": hi, "contiguous": contiguous, "now": now},

@@ -13,6 +13,7 @@ import csv
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from django.http import StreamingHttpResponse
 from rest_framework.renderers import BaseRenderer
 
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
@@ -53,6 +54,20 @@ def csv_stream(
     yield writer.writerow(columns)
     for row in rows:
         yield writer.writerow([csv_cell(row.get(c), text=c in text_columns) for c in columns])
+
+
+def csv_response(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    columns: Sequence[str],
+    text_columns: frozenset[str],
+    filename: str,
+) -> StreamingHttpResponse:
+    """An export streamed as it is produced, offered for download as ``filename``."""
+    lines = csv_stream(rows, columns=columns, text_columns=text_columns)
+    response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
 
 
 class CsvRenderer(BaseRenderer):

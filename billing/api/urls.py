@@ -4,6 +4,7 @@ from django.urls import URLPattern, URLResolver, path
 from rest_framework.routers import SimpleRouter
 
 from billing.api import views
+from billing.api.workloads import WorkloadsView
 
 router = SimpleRouter(trailing_slash=False)
 router.register("cost-profiles", views.CostProfileViewSet, basename="cost-profile")
@@ -12,5 +13,6 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("costs", views.CostsView.as_view(), name="api-costs"),
     path("focus", views.FocusView.as_view(), name="api-focus"),
     path("breakeven", views.BreakevenView.as_view(), name="api-breakeven"),
+    path("workloads", WorkloadsView.as_view(), name="api-workloads"),
     *router.urls,
 ]

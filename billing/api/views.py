@@ -10,7 +10,6 @@ import datetime as dt
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from django.http import StreamingHttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -21,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import focus, selectors
-from billing.api.csv import CsvRenderer, csv_stream
+from billing.api.csv import CsvRenderer, csv_response
 from billing.api.filters import CostProfileFilterSet
 from billing.api.serializers import (
     COST_TEXT_COLUMNS,
@@ -82,13 +81,6 @@ def cost_rows_chunked(
         yield from selectors.cost_rows(
             start=chunk_start, end=chunk_end, group_by=group_by, period=period, filters=filters
         )
-
-
-def csv_attachment(lines: Iterable[str], *, filename: str) -> StreamingHttpResponse:
-    """CSV lines streamed as they are made, as a download named ``filename``."""
-    response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
-    return response
 
 
 class CostRowPagination(Pagination):
@@ -184,15 +176,15 @@ class CostsView(FinanceAPIView):
         # Grouped by team, each row names its team's cost centre (chargeback).
         centers = team_cost_centers() if params["group_by"] == "team" else None
         if request.accepted_renderer.format == "csv":
-            lines = csv_stream(
-                (cost_row_data(row, zone=zone, cost_centers=centers) for row in rows),
-                columns=cost_columns(params["group_by"]),
-                text_columns=COST_TEXT_COLUMNS,
-            )
             filename = "costs_{}_{}_{}_{}.csv".format(
                 params["start"], params["end"], params["group_by"], params["period"]
             )
-            return csv_attachment(lines, filename=filename)
+            return csv_response(
+                (cost_row_data(row, zone=zone, cost_centers=centers) for row in rows),
+                columns=cost_columns(params["group_by"]),
+                text_columns=COST_TEXT_COLUMNS,
+                filename=filename,
+            )
         page = paginator.paginate_iterable(rows, request)
         return paginator.get_paginated_response(
             [cost_row_data(r, zone=zone, cost_centers=centers) for r in page]
@@ -225,13 +217,12 @@ class FocusView(FinanceAPIView):
         params = query.validated_data
         version = params["version"]
         charges = focus.focus_charges(start=params["start"], end=params["end"])
-        lines = csv_stream(
+        return csv_response(
             (focus.focus_row(charge, version=version) for charge in charges),
             columns=focus.COLUMNS[version],
             text_columns=focus.TEXT_COLUMNS,
+            filename="focus-{}_{}_{}.csv".format(version, params["start"], params["end"]),
         )
-        filename = "focus-{}_{}_{}.csv".format(version, params["start"], params["end"])
-        return csv_attachment(lines, filename=filename)
 
 
 class BreakevenView(FinanceAPIView):

@@ -292,6 +292,64 @@ def profiled_example(worked_example: Any) -> Any:
     return worked_example
 
 
+# --- the workload example of docs/metrics.md ---------------------------------------------------
+@pytest.fixture
+def workload_hour() -> dt.datetime:
+    """02:00 UTC two days ago: in the past, inside raw retention, the same local day in UTC."""
+    from django.utils import timezone
+
+    today = timezone.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - dt.timedelta(days=2) + dt.timedelta(hours=2)
+
+
+def workload_span(hour: dt.datetime) -> dict[str, dt.date]:
+    return {"start": hour.date(), "end": hour.date() + dt.timedelta(days=1)}
+
+
+@pytest.fixture
+def workload_example(fleet: FleetBuilder, workload_hour: dt.datetime) -> dict[str, Any]:
+    """docs/metrics.md's workload example (worked by hand in tests/billing/test_workloads.py):
+    GPU A shared by jobs 101 and 102 at 80 %, GPU B held idle by job 103, for one hour, from
+    raw samples through the rollup."""
+    from django.utils import timezone
+
+    from telemetry.models import Workload
+    from telemetry.rollup import rollup_run
+    from tests.telemetry.conftest import sample, samples_ingest
+
+    hour = workload_hour
+    fleet.settings(currency="EUR", report_time_zone="UTC")
+    site = fleet.site("fra1", pue="1.5", price_per_kwh="0.20")
+    research = fleet.team("research")
+    pool = fleet.pool("training", site=site, team=research)
+    node = fleet.node("gpu-01", pool=pool)
+    in_service = hour - dt.timedelta(days=30)
+    a = fleet.gpu("GPU-A", node=node, index=0, in_service_at=in_service)
+    b = fleet.gpu("GPU-B", node=node, index=1, in_service_at=in_service)
+    fleet.owned("pool:training", purchase_price="30000.00", opex_per_hour="0.10")
+    jobs = {}
+    for key, user, account in (("101", "alice", "nlp"), ("102", "bob", "vision"),
+                               ("103", "carol", "nlp")):  # fmt: skip
+        jobs[key] = Workload.objects.create(
+            site=site, kind="slurm", key=key, user_name=user, account=account,
+            name=f"job-{key}", created_at=timezone.now(),
+        )  # fmt: skip
+    minutes = [hour + dt.timedelta(minutes=m) for m in range(60)]
+    rows = [
+        sample(a, t, util=80.0, energy_j=24_000.0, procs=2,
+               workload_ids=[jobs["101"].pk, jobs["102"].pk],
+               workload_share_s=[30.0, 30.0], workload_air_s=[24.0, 24.0])
+        for t in minutes
+    ] + [
+        sample(b, t, util=0.0, energy_j=4_200.0, procs=0, workload_ids=[jobs["103"].pk],
+               workload_share_s=[60.0], workload_air_s=[0.0])
+        for t in minutes
+    ]  # fmt: skip
+    samples_ingest(rows)
+    rollup_run()
+    return {"jobs": jobs, "a": a, "b": b, "research": research, "site": site}
+
+
 @pytest.fixture(autouse=True)
 def _report_chart_cache(monkeypatch: Any) -> Any:
     """Each test starts with no rendered report chart: report_chart caches PNGs under their

@@ -17,6 +17,8 @@ READS = [
     "/api/v1/focus",
     "/api/v1/breakeven?pool=inference&tokens_per_s=2000&api_price_per_mtok=0.6"
     "&start=2026-03-02&end=2026-03-03",
+    "/api/v1/workloads",
+    "/api/v1/workloads?group_by=team&format=csv",
     "/api/v1/sites",
     "/api/v1/teams",
     "/api/v1/pools",

@@ -30,64 +30,25 @@ from django.utils import timezone
 from billing.cost_model import money_round
 from billing.workloads import TeamRule, WorkloadFilters, team_rule_match, workload_figures
 from telemetry.models import Workload, WorkloadHourlyUsage
-from telemetry.rollup import rollup_run
 from tests.billing.conftest import FleetBuilder
-from tests.telemetry.conftest import sample, samples_ingest
+from tests.billing.conftest import workload_span as _span
+
+
+@pytest.fixture
+def hour(workload_hour: dt.datetime) -> dt.datetime:
+    return workload_hour
+
 
 RATE = Decimal(30000) / Decimal(43830) + Decimal("0.10")
-
-
-@pytest.fixture
-def hour() -> dt.datetime:
-    """02:00 UTC two days ago: in the past, inside raw retention, the same local day in UTC."""
-    today = timezone.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    return today - dt.timedelta(days=2) + dt.timedelta(hours=2)
-
-
-def _span(hour: dt.datetime) -> dict[str, dt.date]:
-    return {"start": hour.date(), "end": hour.date() + dt.timedelta(days=1)}
-
-
-@pytest.fixture
-def example(fleet: FleetBuilder, hour: dt.datetime) -> dict[str, Any]:
-    fleet.settings(currency="EUR", report_time_zone="UTC")
-    site = fleet.site("fra1", pue="1.5", price_per_kwh="0.20")
-    research = fleet.team("research")
-    pool = fleet.pool("training", site=site, team=research)
-    node = fleet.node("gpu-01", pool=pool)
-    in_service = hour - dt.timedelta(days=30)
-    a = fleet.gpu("GPU-A", node=node, index=0, in_service_at=in_service)
-    b = fleet.gpu("GPU-B", node=node, index=1, in_service_at=in_service)
-    fleet.owned("pool:training", purchase_price="30000.00", opex_per_hour="0.10")
-    jobs = {}
-    for key, user, account in (("101", "alice", "nlp"), ("102", "bob", "vision"),
-                               ("103", "carol", "nlp")):  # fmt: skip
-        jobs[key] = Workload.objects.create(
-            site=site, kind="slurm", key=key, user_name=user, account=account,
-            name=f"job-{key}", created_at=timezone.now(),
-        )  # fmt: skip
-    minutes = [hour + dt.timedelta(minutes=m) for m in range(60)]
-    rows = [
-        sample(a, t, util=80.0, energy_j=24_000.0, procs=2,
-               workload_ids=[jobs["101"].pk, jobs["102"].pk],
-               workload_share_s=[30.0, 30.0], workload_air_s=[24.0, 24.0])
-        for t in minutes
-    ] + [
-        sample(b, t, util=0.0, energy_j=4_200.0, procs=0, workload_ids=[jobs["103"].pk],
-               workload_share_s=[60.0], workload_air_s=[0.0])
-        for t in minutes
-    ]  # fmt: skip
-    samples_ingest(rows)
-    rollup_run()
-    return {"jobs": jobs, "a": a, "b": b, "research": research, "site": site}
 
 
 def _money(rows: list[Any]) -> dict[str, tuple[Decimal, Decimal]]:
     return {r.key: (money_round(r.cost), money_round(r.idle_cost)) for r in rows}
 
 
+@pytest.mark.smoke
 def test_the_worked_example_per_workload_to_the_cent(
-    example: dict[str, Any], hour: dt.datetime
+    workload_example: dict[str, Any], hour: dt.datetime
 ) -> None:
     rows = workload_figures(**_span(hour), group_by="workload")
     assert [r.key for r in rows] == ["103", "101", "102"]  # worst idle cost first
@@ -114,8 +75,9 @@ def test_the_worked_example_per_workload_to_the_cent(
     assert by["103"].utilization == 0.0 and by["103"].held_hours == pytest.approx(1.0)
 
 
+@pytest.mark.smoke
 def test_the_worked_example_per_account_is_the_sum_of_its_workloads(
-    example: dict[str, Any], hour: dt.datetime
+    workload_example: dict[str, Any], hour: dt.datetime
 ) -> None:
     rows = workload_figures(**_span(hour), group_by="account")
     assert _money(rows) == {
@@ -139,7 +101,7 @@ def test_the_worked_example_per_account_is_the_sum_of_its_workloads(
 
 
 def test_team_rules_first_match_wins_else_the_pools_team(
-    example: dict[str, Any], fleet: FleetBuilder, hour: dt.datetime
+    workload_example: dict[str, Any], fleet: FleetBuilder, hour: dt.datetime
 ) -> None:
     from billing.models import WorkloadTeamRule
 
@@ -173,7 +135,9 @@ def test_team_rule_match_by_field_and_prefix() -> None:
     assert match(rules, kind="slurm", key="9", user="bob", account="nlpx") is None
 
 
-def test_filters_and_the_pages_groupings(example: dict[str, Any], hour: dt.datetime) -> None:
+def test_filters_and_the_pages_groupings(
+    workload_example: dict[str, Any], hour: dt.datetime
+) -> None:
     span = _span(hour)
     f = WorkloadFilters
     assert [r.key for r in workload_figures(**span, filters=f(users=("bob",)))] == ["102"]
@@ -185,7 +149,7 @@ def test_filters_and_the_pages_groupings(example: dict[str, Any], hour: dt.datet
     assert len(workload_figures(**span, filters=f(sites=("fra1",)))) == 3
     on_a = workload_figures(**span, filters=f(gpus=("GPU-A",)))
     assert sorted(r.key for r in on_a) == ["101", "102"]
-    job = example["jobs"]["101"]
+    job = workload_example["jobs"]["101"]
     per_gpu = workload_figures(**span, group_by="gpu", filters=f(workloads=(job.pk,)))
     assert [(r.gpu_uuid, r.gpu_label, money_round(r.cost)) for r in per_gpu] == [
         ("GPU-A", "gpu-01#0", Decimal("0.45"))
@@ -275,3 +239,63 @@ def test_workload_teams_reject_naming_the_field(db: Any, rules: Any, message: st
 
     with pytest.raises(FleetFileError, match=message):
         fleet_document_apply(document=_document(rules))
+
+
+def test_workload_accounts_sum_per_account_as_the_full_path(
+    workload_example: dict[str, Any], fleet: FleetBuilder, hour: dt.datetime
+) -> None:
+    """The overview's lean per-account sums: the same hours and money as the accounts of
+    workload_figures (1.26 / 0.90 for nlp), without the per-workload fields."""
+    from billing.workloads import workload_accounts
+
+    lean = workload_accounts(**_span(hour))
+    full = workload_figures(**_span(hour), group_by="account")
+    assert (
+        _money(lean)
+        == _money(full)
+        == {
+            "nlp": (Decimal("1.26"), Decimal("0.90")),
+            "vision": (Decimal("0.45"), Decimal("0.09")),
+        }
+    )
+    assert [(r.key, r.gpus, r.gpu_hours, r.held_hours) for r in lean] == [
+        (r.key, r.gpus, r.gpu_hours, r.held_hours) for r in full
+    ]
+    assert (lean[0].cost, lean[0].idle_cost) == (full[0].cost, full[0].idle_cost)
+    with pytest.raises(ValueError, match="^team"):
+        workload_accounts(**_span(hour), filters=WorkloadFilters(teams=("research",)))
+
+
+def test_a_window_of_hours(workload_example: dict[str, Any], hour: dt.datetime) -> None:
+    """Aware datetimes select the hours that start in [start, end) (an alert's window)."""
+    rows = workload_figures(start=hour, end=hour + dt.timedelta(hours=1))
+    assert _money(rows)["103"] == (Decimal("0.81"), Decimal("0.81"))
+    assert (
+        workload_figures(start=hour + dt.timedelta(hours=1), end=hour + dt.timedelta(hours=5)) == []
+    )
+    with pytest.raises(ValueError, match="^start"):
+        workload_figures(start=hour.replace(tzinfo=None), end=hour.replace(tzinfo=None, hour=5))
+
+
+def test_workload_teams_in_the_admin_read_only(db: Any, role_client: Any) -> None:
+    from billing.services import fleet_document_apply
+
+    fleet_document_apply(document=_document([{"match": "account:nlp", "team": "research"}]))
+    admin = role_client("admin")
+    page = admin.get("/admin/billing/workloadteamrule/")
+    assert page.status_code == 200 and "account:nlp" in page.content.decode()
+    assert admin.get("/admin/billing/workloadteamrule/add/").status_code == 403
+
+
+def test_limits_keep_the_worst_rows(workload_example: dict[str, Any], hour: dt.datetime) -> None:
+    from billing.workloads import workload_figures_by
+
+    got = workload_figures_by(**_span(hour), group_bys=("workload", "user"), limits={"workload": 1})
+    assert [r.key for r in got["workload"]] == ["103"]  # idle 0.81
+    assert len(got["user"]) == 3  # no limit there
+    held = workload_figures_by(
+        **_span(hour), group_bys=("workload",), limits={"workload": 2}, worst="held_hours"
+    )
+    assert [r.key for r in held["workload"]] == ["103", "101"]  # 1.0 h, then 0.1 h (by key)
+    with pytest.raises(ValueError, match="^worst"):
+        workload_figures_by(**_span(hour), group_bys=("workload",), worst="cost")

@@ -100,6 +100,23 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any, open_pa
     assert page.locator("#team-table tbody tr").count() == 4
     _shot(page, "teams-pools")
 
+    # Who held the GPUs: the demo's fake GPUs name their workloads; the worst idle cost first,
+    # each row a link to the workload's page, whose GPUs link back to their pages.
+    page.click("nav a:has-text('Workloads')")
+    page.wait_for_url(re.compile(r".*/workloads/.*"))
+    assert page.locator("#workload-table tbody tr td a").count() >= 3
+    assert page.locator("#account-table tbody tr").count() >= 2
+    assert "format=csv" in (page.get_attribute("#workloads-csv", "href") or "")
+    page.select_option("#filter-kind", "slurm")
+    page.click("#filters button[type=submit]")
+    page.wait_for_url(re.compile(r".*kind=slurm.*"))
+    kinds = page.locator("#workload-table tbody td[data-label=Kind]").all_inner_texts()
+    assert kinds and set(kinds) == {"slurm"}
+    page.locator("#workload-table tbody tr td a").first.click()
+    page.wait_for_url(re.compile(r".*/workloads/\d+/.*"))
+    assert page.locator("#workload-gpus tbody tr td a[href^='/gpus/']").count() >= 1
+    assert page.locator("#kpi-idle-cost").count() == 1
+
     page.goto(f"{base}/breakeven/?from={today - dt.timedelta(days=13)}&to={today}")
     assert _charts_drawn(page) >= 2
     # It opens on the whole fleet (every GPU not rented), and says so.

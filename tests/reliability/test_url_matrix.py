@@ -167,6 +167,10 @@ TABLE: dict[str, list[Check]] = {
             COSTS,
         )
     ],
+    "api/v1/workloads": [
+        Check("GET", "/api/v1/workloads", COSTS),
+        Check("GET", "/api/v1/workloads?group_by=account&format=csv", COSTS),
+    ],
     "": [Check("GET", "/", PAGE)],
     "fleet/": [Check("GET", "/fleet/", PAGE)],
     "fleet/heatmap/": [Check("GET", "/fleet/heatmap/", PAGE)],
@@ -183,6 +187,9 @@ TABLE: dict[str, list[Check]] = {
     "chargeback/focus/<int:pk>/": [
         Check("GET", "/chargeback/focus/999999/", {**PAGE_COSTS, "finance": 404, "admin": 404})
     ],
+    # Workloads: every role; money left out for viewers (tests/billing/test_workload_pages.py).
+    "workloads/": [Check("GET", "/workloads/", PAGE)],
+    "workloads/<int:pk>/": [Check("GET", lambda w: f"/workloads/{w['workload'].pk}/", PAGE)],
     # Weekly report pages (billing/report_urls.py): the preview shows every team's money
     # (admin); the subscription form is for whoever may receive the report (finance, admin).
     "reports/weekly/preview/": [Check("GET", "/reports/weekly/preview/", PAGE_ADMIN_ONLY)],
@@ -282,7 +289,15 @@ def world(db: Any) -> dict[str, Any]:
         for role in ("viewer", "finance", "admin")
     }
     tokens["node"] = node_token
+    from django.utils import timezone
+
+    from telemetry.models import Workload
+
+    workload = Workload.objects.create(
+        site=site, kind="slurm", key="4242", user_name="alice", created_at=timezone.now()
+    )
     return {
+        "workload": workload,
         "sites": site,
         "teams": team,
         "pools": pool,

@@ -48,7 +48,8 @@ def demo_spec(gpus: int) -> tuple[list[dict[str, Any]], list[str]]:
     The base layout has 64 GPUs on 8 nodes; other sizes keep every group (so every site,
     pool, model and fault is there) and scale its nodes, or its GPUs per node below 64.
     """
-    base = json.loads(SPEC_FILE.read_text())["groups"]
+    document = json.loads(SPEC_FILE.read_text())
+    base = document["groups"]
     base_gpus = sum(int(g["nodes"]) * BASE_GPUS_PER_NODE for g in base)
     small = gpus < base_gpus
     # Small fleets: one node per group, fewer GPUs per node; large ones: more nodes of 8.
@@ -58,6 +59,8 @@ def demo_spec(gpus: int) -> tuple[list[dict[str, Any]], list[str]]:
     groups, pools = [], []
     for group in base:
         spec = {k: v for k, v in group.items() if k != "pool"}
+        if "workloads" in document:  # the file's default: every GPU says who holds it
+            spec.setdefault("workloads", document["workloads"])
         spec["nodes"] = 1 if small else max(1, round(int(group["nodes"]) * gpus / base_gpus))
         spec["gpus"] = per_node
         if per_node < BASE_GPUS_PER_NODE and "falls_off_bus" in spec:

@@ -1,0 +1,275 @@
+"""Dashboard pages of workloads (docs/dashboard.md, "Workloads"): the list with its per-user and
+per-account tables, one workload's page, and the workload parts of the GPU page and the
+overview. Thin: every figure from ``billing.workloads.workload_figures``. Money only for users
+who may see it (``fleet.view_costs``): a viewer's page carries hours, never money, and is
+sorted by held hours instead of idle cost."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib.auth.decorators import login_required, permission_required
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+
+from billing.dashboard import DashboardFilters, dashboard_filters
+from billing.formatting import money, num, pct
+from billing.views import _can_view_costs, _card, _context, _money_card
+from billing.workloads import (
+    WorkloadFilters,
+    WorkloadRow,
+    workload_accounts,
+    workload_figures,
+    workload_figures_by,
+)
+from fleet.identifiers import text_error
+from telemetry.models import WORKLOAD_KINDS, Workload
+
+LIST_ROWS = 200  # the page lists the worst ones; the CSV has them all
+GROUP_ROWS = 20
+TOP_ACCOUNTS = 3
+
+
+def _filters(
+    flt: DashboardFilters, query: QueryDict
+) -> tuple[WorkloadFilters, dict[str, str], dict[str, str]]:
+    """The filter bar's site/pool/team/model and the page's own kind, user and account.
+    A bad value is ignored and reported, like the bar's (``errors``)."""
+    own: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for name in ("kind", "user", "account"):
+        value = query.get(name, "").strip()
+        if not value:
+            continue
+        error = (
+            f"one of {', '.join(WORKLOAD_KINDS)}"
+            if name == "kind" and value not in WORKLOAD_KINDS
+            else text_error(value, max_length=200)
+        )
+        if error is None:
+            own[name] = value
+        else:
+            errors[name] = error
+    filters = WorkloadFilters(
+        kinds=(own["kind"],) if "kind" in own else (),
+        users=(own["user"],) if "user" in own else (),
+        accounts=(own["account"],) if "account" in own else (),
+        teams=flt.filters.teams,
+        sites=flt.filters.sites,
+        pools=flt.filters.pools,
+        models=flt.filters.models,
+    )
+    return filters, own, errors
+
+
+def workload_table(
+    rows: list[WorkloadRow], costs: bool, qs: str = "", limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Rows as the tables show them; a viewer's carry no money and come worst held first."""
+    if not costs:
+        rows = sorted(rows, key=lambda r: (-r.held_hours, r.key))
+    out = []
+    for r in rows[:limit]:
+        url = ""
+        if r.workload_pk is not None and r.day is None and r.gpu_uuid is None:
+            url = reverse("workload-detail", args=[r.workload_pk]) + (f"?{qs}" if qs else "")
+        out.append(
+            {
+                "key": r.key,
+                "url": url,
+                "kind": r.kind or "",
+                "name": r.name or "",
+                "user": r.user or "",
+                "account": r.account or "",
+                "team": r.team or "",
+                "site": r.site or "",
+                "gpus": r.gpus,
+                "workloads": r.workloads,
+                "gpu_hours": num(r.gpu_hours),
+                "air_hours": num(r.air_hours),
+                "held_hours": num(r.held_hours),
+                "utilization": pct(r.utilization),
+                "energy": num(r.energy_kwh),
+                "cost": money(r.cost) if costs else "",
+                "idle_cost": money(r.idle_cost) if costs else "",
+                "gpu_uuid": r.gpu_uuid or "",
+                "gpu_label": r.gpu_label or "",
+                "day": r.day,
+            }
+        )
+    return out
+
+
+@login_required
+@permission_required("fleet.view_dashboard", raise_exception=True)
+def workloads(request: HttpRequest) -> HttpResponse:
+    """Permission: fleet.view_dashboard (any role); money needs fleet.view_costs.
+
+    Who held the GPUs: every workload (worst idle cost first), then per user and per account.
+    """
+    flt = dashboard_filters(request.GET)
+    costs = _can_view_costs(request)
+    filters, own, errors = _filters(flt, request.GET)
+    figures = workload_figures_by(
+        start=flt.start,
+        end=flt.end_exclusive,
+        group_bys=("workload", "user", "account"),
+        filters=filters,
+        limits={"workload": LIST_ROWS},
+        worst="idle_cost" if costs else "held_hours",
+    )
+    rows, users, accounts = figures["workload"], figures["user"], figures["account"]
+    # The totals from the users' rows: every workload has exactly one user (or none), and
+    # the workloads' list holds only the worst of them.
+    total = sum(u.workloads for u in users)
+    keep = list(own.items())
+    cur = flt.currency
+    cards = [
+        _card("Workloads", f"{total:,}", f"{len(users):,} users", ident="kpi-workloads"),
+        _card(
+            "GPU hours held by workloads",
+            num(sum(r.gpu_hours for r in users), 0),
+            f"{num(sum(r.air_hours for r in users), 0)} h in the air",
+            accent="air",
+            unit="h",
+            ident="kpi-workload-gpu-hours",
+        ),
+        _card(
+            "Held, no kernel running",
+            num(sum(r.held_hours for r in users), 0),
+            "GPU hours",
+            unit="h",
+            ident="kpi-workload-held-hours",
+        ),
+    ]
+    if costs:
+        cards += [
+            _money_card("Cost", sum((r.cost for r in users), Decimal(0)), cur, ident="kpi-cost"),
+            _money_card(
+                "Idle cost",
+                sum((r.idle_cost for r in users), Decimal(0)),
+                cur,
+                "of held hours",
+                accent="idle-money",
+                ident="kpi-idle-cost",
+            ),
+        ]
+    api = urlencode(
+        [("start", flt.start.isoformat()), ("end", flt.end_exclusive.isoformat())]
+        + [(k, v) for k, v in keep]
+        + [("team", t) for t in flt.filters.teams]
+        + [("site", s) for s in flt.filters.sites]
+    )
+    return render(
+        request,
+        "billing/workloads.html",
+        _context(
+            request,
+            flt,
+            "workloads",
+            keep=keep,
+            own=own,
+            own_errors=errors,
+            kinds=WORKLOAD_KINDS,
+            cards=cards,
+            rows=workload_table(rows, costs, flt.querystring),
+            total=total,
+            shown=len(rows),
+            users=workload_table(users, costs, limit=GROUP_ROWS),
+            accounts=workload_table(accounts, costs, limit=GROUP_ROWS),
+            csv_url=f"/api/v1/workloads?{api}&format=csv",
+        ),
+    )
+
+
+@login_required
+@permission_required("fleet.view_dashboard", raise_exception=True)
+def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """Permission: fleet.view_dashboard (any role); money needs fleet.view_costs.
+
+    One workload over the range: its figures, the GPUs it held and its hours per day."""
+    workload = get_object_or_404(Workload.objects.select_related("site"), pk=pk)
+    flt = dashboard_filters(request.GET)
+    costs = _can_view_costs(request)
+    only = WorkloadFilters(workloads=(workload.pk,))
+
+    figures = workload_figures_by(
+        start=flt.start, end=flt.end_exclusive, group_bys=("workload", "gpu", "day"), filters=only
+    )
+    totals = figures["workload"]
+    row = totals[0] if totals else None
+    cards = []
+    if row is not None:
+        cur = flt.currency
+        cards = [
+            _card("GPU hours", num(row.gpu_hours), f"{row.gpus} GPUs", unit="h"),
+            _card("Air hours", num(row.air_hours), accent="air", unit="h"),
+            _card("Held hours", num(row.held_hours), "no kernel running", unit="h"),
+            _card("Utilisation", pct(row.utilization), "air / GPU hours", accent="air"),
+            _card("Energy", num(row.energy_kwh, 2), accent="energy", unit="kWh"),
+        ]
+        if costs:
+            cards += [
+                _money_card("Cost", row.cost, cur, ident="kpi-cost"),
+                _money_card(
+                    "Idle cost", row.idle_cost, cur, accent="idle-money", ident="kpi-idle-cost"
+                ),
+            ]
+    return render(
+        request,
+        "billing/workload_detail.html",
+        _context(
+            request,
+            flt,
+            "workloads",
+            dates_only=True,
+            workload=workload,
+            row=row,
+            team=row.team if row is not None else "",
+            cards=cards,
+            gpus=workload_table(figures["gpu"], costs),
+            days=sorted(
+                workload_table(figures["day"], costs),
+                key=lambda d: d["day"],
+            ),
+        ),
+    )
+
+
+def gpu_workloads(
+    *, flt: DashboardFilters, uuid: str, costs: bool, limit: int = 10
+) -> list[dict[str, Any]]:
+    """The workloads that held one GPU over the range, for its page."""
+    rows = workload_figures(
+        start=flt.start, end=flt.end_exclusive, filters=WorkloadFilters(gpus=(uuid,))
+    )
+    return workload_table(rows, costs, flt.querystring, limit)
+
+
+def overview_workloads(*, flt: DashboardFilters, held_hours: float, costs: bool) -> dict[str, Any]:
+    """The overview's workload panel: the share of the fleet's held hours that workloads
+    explain, and (money) the three accounts with the most idle cost of held hours."""
+    filters = WorkloadFilters(
+        sites=flt.filters.sites,
+        pools=flt.filters.pools,
+        teams=flt.filters.teams,
+        models=flt.filters.models,
+    )
+    if filters.teams:  # a workload's team follows its rules: the full path
+        accounts = workload_figures(
+            start=flt.start, end=flt.end_exclusive, group_by="account", filters=filters
+        )
+    else:
+        accounts = workload_accounts(start=flt.start, end=flt.end_exclusive, filters=filters)
+    explained = sum(r.held_hours for r in accounts)
+    share = min(1.0, explained / held_hours) if held_hours > 0 else None
+    return {
+        "any": bool(accounts),
+        "explained_hours": num(explained, 0),
+        "held_hours": num(held_hours, 0),
+        "share": pct(share, 0),
+        "top_accounts": workload_table(accounts, costs, limit=TOP_ACCOUNTS) if costs else [],
+    }
