@@ -6,6 +6,7 @@ from billing import views, workload_views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("overview/workloads/", views.overview_workloads_panel, name="overview-workloads"),
     path("fleet/", views.fleet_board, name="fleet-board"),
     path("fleet/heatmap/", views.heatmap, name="heatmap"),
     path("gpus/<str:uuid>/", views.gpu_detail, name="gpu-detail"),

@@ -310,8 +310,6 @@ def overview(request: HttpRequest) -> HttpResponse:
             figures["chart-cost-per-air-hour"] = charts.cost_per_air_hour_trend(
                 daily, currency=cur, partial_day=today
             )
-    from billing.workload_views import overview_workloads  # it builds on this module's cards
-
     return render(
         request,
         "billing/overview.html",
@@ -326,10 +324,39 @@ def overview(request: HttpRequest) -> HttpResponse:
             figures=figures,
             blocks=blocks(row),
             priced=row.priced,
-            workloads=overview_workloads(flt=flt, held_hours=row.held_hours, costs=costs)
-            if has_data
-            else None,
         ),
+    )
+
+
+@login_required
+@permission_required("fleet.view_dashboard", raise_exception=True)
+def overview_workloads_panel(request: HttpRequest) -> HttpResponse:
+    """Permission: fleet.view_dashboard (any role); its money (the top accounts) needs
+    fleet.view_costs.
+
+    The overview's "Who held the GPUs" panel, as an HTML fragment the overview fetches once it
+    has loaded: summing a large fleet's workload rows takes longer than the rest of the page
+    (docs/benchmarks.md, "Workloads"), so the page never waits for it. Empty when no workload
+    held a GPU in the range.
+    """
+    from billing.workload_views import overview_workloads  # it builds on this module's cards
+
+    flt = dashboard_filters(request.GET)
+    row = selectors.fleet_summary(start=flt.start, end=flt.end_exclusive, filters=flt.filters).row
+    workloads = (
+        overview_workloads(flt=flt, held_hours=row.held_hours, costs=_can_view_costs(request))
+        if row.capacity_hours > 0
+        else None
+    )
+    return render(
+        request,
+        "billing/_workload_panel.html",
+        {
+            "workloads": workloads,
+            "qs": flt.querystring,
+            "can_view_costs": _can_view_costs(request),
+            "currency": flt.currency,
+        },
     )
 
 

@@ -22,9 +22,26 @@
     });
   }
 
-  if (document.readyState === "loading") {
-    document.addEventListener("DOMContentLoaded", start);
-  } else {
+  /* Parts of a page that take longer than the rest (the overview's workloads panel): an
+     element with data-fragment="URL" is replaced by the HTML that URL answers, once the page
+     has loaded. Without this script a link to the full page stands in its place. */
+  function fragments() {
+    document.querySelectorAll("[data-fragment]").forEach(function (slot) {
+      fetch(slot.getAttribute("data-fragment"), {credentials: "same-origin"})
+        .then(function (r) { return r.ok ? r.text() : ""; })
+        .then(function (html) { slot.outerHTML = html; })
+        .catch(function () { slot.remove(); });
+    });
+  }
+
+  function ready() {
     start();
+    fragments();
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", ready);
+  } else {
+    ready();
   }
 })();

@@ -106,12 +106,15 @@ def test_gpu_page_lists_the_workloads_that_held_it(
 def test_overview_explains_held_hours_and_names_the_top_accounts(
     workload_example: dict[str, Any], role_client: Any, span: str
 ) -> None:
-    html = _page(role_client("finance"), f"/?{span}")
+    # The overview leaves a slot that its script fills from the panel's own URL, once loaded.
+    page = _page(role_client("finance"), f"/?{span}")
+    assert f'data-fragment="/overview/workloads/?{span}' in page.replace("&amp;", "&")
+    html = _page(role_client("finance"), f"/overview/workloads/?{span}")
     panel = html[html.index('id="workload-panel"') :]
     # GPU A held 0.2 h, GPU B 1.0 h; the workloads' held hours: 0.1 + 0.1 + 1.0 = 1.2.
     share = panel[panel.index('id="workload-share"') :]
     assert share.startswith('id="workload-share"><strong>100 %</strong>')
     top = panel[panel.index('id="top-accounts"') :]
     assert _ordered(top, "nlp", "vision") and "0.90" in top
-    viewer = _page(role_client("viewer"), f"/?{span}")
+    viewer = _page(role_client("viewer"), f"/overview/workloads/?{span}")
     assert 'id="workload-share"' in viewer and 'id="top-accounts"' not in viewer

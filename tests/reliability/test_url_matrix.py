@@ -189,6 +189,7 @@ TABLE: dict[str, list[Check]] = {
     ],
     # Workloads: every role; money left out for viewers (tests/billing/test_workload_pages.py).
     "workloads/": [Check("GET", "/workloads/", PAGE)],
+    "overview/workloads/": [Check("GET", "/overview/workloads/", PAGE)],
     "workloads/<int:pk>/": [Check("GET", lambda w: f"/workloads/{w['workload'].pk}/", PAGE)],
     # Weekly report pages (billing/report_urls.py): the preview shows every team's money
     # (admin); the subscription form is for whoever may receive the report (finance, admin).
