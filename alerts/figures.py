@@ -439,18 +439,24 @@ class WorkloadWindow:
 
 
 def workload_window(*, workload_id: int, window: Window) -> WorkloadWindow | None:
-    """One workload over an alert's window: who it is, its GPU hours and its idle cost."""
+    """One workload over an alert's window: who it is, its GPU hours and its idle cost, from
+    the Workloads page's figures (``billing.workloads``) over the window's whole hours."""
+    from billing.workloads import WorkloadFilters, workload_figures
+
     found = Workload.objects.filter(pk=workload_id).first()
     if found is None:
         return None
-    gpu_s = WorkloadHourlyUsage.objects.filter(
-        workload_id=workload_id, hour__gte=window.start, hour__lt=window.end
-    ).aggregate(s=Sum("gpu_s"))["s"]
+    rows = workload_figures(
+        start=window.start,  # aware datetimes: the whole hours of the window
+        end=window.end,
+        filters=WorkloadFilters(workloads=(workload_id,)),
+    )
+    row = rows[0] if rows else None
     return WorkloadWindow(
         kind=found.kind,
         key=found.key,
         user=found.user_name,
         name=found.name,
-        gpu_hours=cm.hours_from_seconds(seconds=gpu_s or 0.0),
-        idle_cost=None,
+        gpu_hours=cm.to_decimal(row.gpu_hours) if row is not None else Decimal(0),
+        idle_cost=row.idle_cost if row is not None and row.priced else None,
     )

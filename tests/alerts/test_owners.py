@@ -153,7 +153,14 @@ def test_the_owner_is_mailed_as_a_colleague_and_the_rules_own_targets_too(
         "The Slurm job 48213 (train-llm) held 5.2 h of GPU time without computing over "
         "2026-03-01 20:00 to 2026-03-02 20:00 UTC, out of 7.0 h it held in all" in text
     )
+    # Its idle time's money, as the Workloads page counts it: 5.2 held hours at the GPU's
+    # 30,000.00 / 43,830 h + 0.10 = 0.7844627 per hour (no energy in these rows) = 4.08.
+    assert "That idle time cost 4.08 USD." in text
     assert "scancel 48213" in text
+    page = (
+        f"https://gpufleet.example.com/workloads/{jobs['alice'].pk}/?from=2026-03-01&to=2026-03-02"
+    )
+    assert f"Its GPUs hour by hour: {page}" in text
     html = message.get_body(("html",)).get_content()
     assert "Hi alice," in html and "<code>scancel 48213</code>" in html
 
