@@ -311,6 +311,14 @@ def test_the_demo_fleets_rules_fire_within_one_evaluation(
     assert ("notebooks-held-idle", "gpu-iad1-02#0") in firing
     offline = [label for rule, label in firing if rule == "gpu-offline"]
     assert offline == ["gpu-ams1-02#0"]  # the others reported within the last half hour
+    # The notebook's user held that GPU without computing (a user workload): the owner rule
+    # tells them at their address from the people's domain rule, and the HPC team.
+    held = [a for a in Alert.objects.filter(resolved_at__isnull=True, rule__name="jobs-held-idle")]
+    assert any(a.subject_label.startswith("user ") for a in held), firing
+    told = set(Delivery.objects.filter(alert__in=held).values_list("target", flat=True))
+    assert "mailto:hpc-team@example.com" in told
+    owners = {t for t in told if t != "mailto:hpc-team@example.com"}
+    assert owners and all(t.endswith("@example.com") for t in owners), told
     assert "firing" in out.getvalue().strip().splitlines()[-1]
     # Every notice of the demo goes by email (the console backend here): none failed.
     assert Delivery.objects.exists()
