@@ -115,6 +115,33 @@ def _money_card(
     )
 
 
+def _row_money_cards(
+    row: selectors.CostRow, currency: str, *, total_note: str = ""
+) -> list[dict[str, Any]]:
+    """The money cards of one cost row (the fleet's on the overview, a GPU's on its page):
+    total cost, idle cost with its share of the total, cost per air hour against the nominal
+    rate per GPU-hour."""
+    idle_share = float(row.idle_cost / row.total_cost) if row.total_cost else None
+    return [
+        _money_card("Total cost", row.total_cost, currency, total_note, ident="kpi-total-cost"),
+        _money_card(
+            "Idle cost",
+            row.idle_cost,
+            currency,
+            f"{pct(idle_share, 0)} of total" if idle_share is not None else "",
+            accent="idle-money",
+            ident="kpi-idle-cost",
+        ),
+        _money_card(
+            "Cost per air hour",
+            row.cost_per_air_hour,
+            currency,
+            f"nominal {money(row.nominal_rate_per_hour, currency)} / GPU-hour",
+            ident="kpi-cost-per-air-hour",
+        ),
+    ]
+
+
 def _throttled_card(row: selectors.CostRow, *, unit: str) -> dict[str, Any]:
     """Hours with the clocks held down (any reason), the two common reasons beneath."""
     return _card(
@@ -133,12 +160,12 @@ def _throttled_card(row: selectors.CostRow, *, unit: str) -> dict[str, Any]:
 NO_PROFILING = "no profiling data"
 
 
-def _work_card(row: selectors.CostRow, *, costs: bool, currency: str) -> dict[str, Any]:
+def _work_card(row: selectors.CostRow, *, show_money: bool, currency: str) -> dict[str, Any]:
     """Cost per work hour (finance) or work utilisation (everyone else): what the SMs really
     did, from profiling data; "no profiling data" where no GPU of the selection has any."""
     if row.work_utilization is None:
-        label = "Cost per work hour" if costs else "Work utilisation"
-        ident = "kpi-cost-per-work-hour" if costs else "kpi-work-utilization"
+        label = "Cost per work hour" if show_money else "Work utilisation"
+        ident = "kpi-cost-per-work-hour" if show_money else "kpi-work-utilization"
         return _card(
             label,
             NO_PROFILING,
@@ -146,7 +173,7 @@ def _work_card(row: selectors.CostRow, *, costs: bool, currency: str) -> dict[st
             ident=ident,
         )
     worked = f"SMs worked {pct(row.work_utilization)} of the time profiled"
-    if not costs:
+    if not show_money:
         return _card(
             "Work utilisation",
             pct(row.work_utilization),
@@ -189,7 +216,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     hours. A range in which no GPU was in service says so instead of zeros and empty axes.
     """
     flt = dashboard_filters(request.GET)
-    costs = _can_view_costs(request)
+    show_money = _can_view_costs(request)
     # The cards (the whole window) and the trend charts (the fleet per day by the pooled
     # path, per rate class, not per GPU-day), from one load of the GPUs and their terms.
     summary, daily = selectors.fleet_overview(
@@ -251,30 +278,10 @@ def overview(request: HttpRequest) -> HttpResponse:
             ident="kpi-co2e",
         ),
     ]
-    if costs:
-        idle_share = (row.idle_cost / row.total_cost) if row.total_cost else None
+    if show_money:
         cards[5:5] = [
-            _money_card(
-                "Total cost",
-                row.total_cost,
-                cur,
-                f"{num(row.capacity_hours, 0)} GPU-hours in service",
-                ident="kpi-total-cost",
-            ),
-            _money_card(
-                "Idle cost",
-                row.idle_cost,
-                cur,
-                f"{pct(float(idle_share) if idle_share is not None else None, 0)} of total",
-                accent="idle-money",
-                ident="kpi-idle-cost",
-            ),
-            _money_card(
-                "Cost per air hour",
-                row.cost_per_air_hour,
-                cur,
-                f"nominal {money(row.nominal_rate_per_hour, cur)} / GPU-hour",
-                ident="kpi-cost-per-air-hour",
+            *_row_money_cards(
+                row, cur, total_note=f"{num(row.capacity_hours, 0)} GPU-hours in service"
             ),
             _money_card(
                 "Recoverable money / year",
@@ -285,9 +292,9 @@ def overview(request: HttpRequest) -> HttpResponse:
             ),
         ]
     # Beside the cost per air hour (finance), else beside the hours in the air.
-    beside = "kpi-cost-per-air-hour" if costs else "kpi-air-hours"
+    beside = "kpi-cost-per-air-hour" if show_money else "kpi-air-hours"
     at = next(i for i, c in enumerate(cards) if c["id"] == beside)
-    cards.insert(at + 1, _work_card(row, costs=costs, currency=cur))
+    cards.insert(at + 1, _work_card(row, show_money=show_money, currency=cur))
     figures: dict[str, Any] = {}
     if has_data:
         today = flt.partial_day
@@ -305,7 +312,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         working = charts.busy_vs_working_trend(daily, partial_day=today)
         if working is not None:
             figures["chart-busy-working"] = working
-        if costs:
+        if show_money:
             figures["chart-cost"] = charts.cost_trend(daily, currency=cur, partial_day=today)
             figures["chart-cost-per-air-hour"] = charts.cost_per_air_hour_trend(
                 daily, currency=cur, partial_day=today
@@ -344,7 +351,7 @@ def overview_workloads_panel(request: HttpRequest) -> HttpResponse:
     flt = dashboard_filters(request.GET)
     row = selectors.fleet_summary(start=flt.start, end=flt.end_exclusive, filters=flt.filters).row
     workloads = (
-        overview_workloads(flt=flt, held_hours=row.held_hours, costs=_can_view_costs(request))
+        overview_workloads(flt=flt, held_hours=row.held_hours, show_money=_can_view_costs(request))
         if row.capacity_hours > 0
         else None
     )
@@ -406,7 +413,7 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
     Every GPU as a row of an airline's fleet table, worst first.
     """
     flt = dashboard_filters(request.GET)
-    costs = _can_view_costs(request)
+    show_money = _can_view_costs(request)
     # GPUs and models from one computation over the rollups.
     grouped = selectors.cost_rows_by(
         start=flt.start,
@@ -439,7 +446,7 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
                 "utilization": r.utilization,
                 "work_utilization": r.work_utilization,
                 "hours_in_air_per_day": r.hours_in_air_per_day,
-                "idle_cost": r.idle_cost if costs else None,
+                "idle_cost": r.idle_cost if show_money else None,
                 "offline_hours": r.offline_hours,
                 "throttled_hours": r.throttled_hours,
                 "last_seen": last_seen,
@@ -448,8 +455,8 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
             }
         )
     sort = request.GET.get("sort", "")
-    if sort not in SORTS or (sort in MONEY_SORTS and not costs):
-        sort = "idle_cost" if costs else "util"
+    if sort not in SORTS or (sort in MONEY_SORTS and not show_money):
+        sort = "idle_cost" if show_money else "util"
     label, attr, worst = SORTS[sort]
     direction = request.GET.get("dir", worst)
     if direction not in ("asc", "desc"):
@@ -464,13 +471,13 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
         b["utilization_text"] = pct(r.utilization)
         b["work_text"] = _work_text(r)
         b["air_text"] = num(r.hours_in_air_per_day)
-        b["idle_cost_text"] = money(r.idle_cost) if costs else ""
+        b["idle_cost_text"] = money(r.idle_cost) if show_money else ""
         b["throttled_text"] = num(r.throttled_hours)
         b["url"] = _gpu_url(b["uuid"])
         b["blocks"] = blocks(r)
     columns = []
     for key, (col_label, _attr, col_worst) in SORTS.items():
-        if key in MONEY_SORTS and not costs:
+        if key in MONEY_SORTS and not show_money:
             continue
         next_dir = ("asc" if direction == "desc" else "desc") if key == sort else col_worst
         columns.append(
@@ -707,7 +714,7 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
     """
     gpu = get_object_or_404(gpus_with_attribution(), uuid=uuid)
     flt = dashboard_filters(request.GET)
-    costs = _can_view_costs(request)
+    show_money = _can_view_costs(request)
     only_this = selectors.Filters(gpus=(gpu.uuid,))
     totals = selectors.cost_rows(
         start=flt.start, end=flt.end_exclusive, group_by="gpu", period="all", filters=only_this
@@ -720,7 +727,7 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
     if daily:
         today = flt.partial_day
         figures["chart-gpu-blocks"] = charts.block_hours_stacked(daily, partial_day=today)
-        if costs:
+        if show_money:
             figures["chart-gpu-cost"] = charts.cost_trend(
                 daily, currency=flt.currency, partial_day=today
             )
@@ -763,29 +770,10 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
             ),
             _throttled_card(row, unit="h"),
         ]
-        if costs:
+        if show_money:
             cur = flt.currency
-            cards += [
-                _money_card("Total cost", row.total_cost, cur, ident="kpi-total-cost"),
-                _money_card(
-                    "Idle cost",
-                    row.idle_cost,
-                    cur,
-                    f"{pct(float(row.idle_cost / row.total_cost), 0)} of total"
-                    if row.total_cost
-                    else "",
-                    accent="idle-money",
-                    ident="kpi-idle-cost",
-                ),
-                _money_card(
-                    "Cost per air hour",
-                    row.cost_per_air_hour,
-                    cur,
-                    f"nominal {money(row.nominal_rate_per_hour, cur)} / h",
-                    ident="kpi-cost-per-air-hour",
-                ),
-            ]
-        cards.append(_work_card(row, costs=costs, currency=flt.currency))
+            cards += _row_money_cards(row, cur)
+        cards.append(_work_card(row, show_money=show_money, currency=flt.currency))
     node = gpu.node
     site = node.effective_site
     from billing.workload_views import gpu_workloads  # it builds on this module's cards
@@ -807,14 +795,14 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
             cards=cards,
             blocks=blocks(row) if row else [],
             figures=figures,
-            profile=_profile_text(gpu_cost_profile(gpu), flt.currency) if costs else None,
+            profile=_profile_text(gpu_cost_profile(gpu), flt.currency) if show_money else None,
             offline_since=_offline_since(gpu, flt),
             waiting=waiting,
             recent_hours=RECENT_HOURS,
             has_hourly="chart-gpu-hourly" in figures,
             has_activity="chart-gpu-activity" in figures,
             has_recent="chart-gpu-recent" in figures,
-            workloads=gpu_workloads(flt=flt, uuid=gpu.uuid, costs=costs),
+            workloads=gpu_workloads(flt=flt, uuid=gpu.uuid, show_money=show_money),
         ),
     )
 
@@ -858,7 +846,7 @@ def _offline_since(gpu: Gpu, flt: DashboardFilters) -> dict[str, Any] | None:
 
 def _group_table(
     rows: list[selectors.CostRow],
-    costs: bool,
+    show_money: bool,
     cur: str,
     *,
     cost_centers: dict[str, str] | None = None,
@@ -885,9 +873,9 @@ def _group_table(
             "air_hours": num(r.air_hours, 0),
             "energy": num(r.energy_kwh, 0),
             "co2e": num(r.co2e_kg, 0),
-            "total_cost": money(r.total_cost) if costs else "",
-            "idle_cost": money(r.idle_cost) if costs else "",
-            "cost_per_air_hour": money(r.cost_per_air_hour) if costs else "",
+            "total_cost": money(r.total_cost) if show_money else "",
+            "idle_cost": money(r.idle_cost) if show_money else "",
+            "cost_per_air_hour": money(r.cost_per_air_hour) if show_money else "",
             "blocks": blocks(r),
             "priced": r.priced,
         }
@@ -904,7 +892,7 @@ def chargeback(request: HttpRequest) -> HttpResponse:
     The chargeback view: cost, idle cost and utilisation per team and per pool.
     """
     flt = dashboard_filters(request.GET)
-    costs = _can_view_costs(request)
+    show_money = _can_view_costs(request)
     cur = flt.currency
     target = flt.target_utilization
     # Teams and pools from one computation over the rollups.
@@ -916,7 +904,7 @@ def chargeback(request: HttpRequest) -> HttpResponse:
         filters=flt.filters,
     )
     for rows in groups.values():
-        rows.sort(key=lambda r: r.idle_cost if costs else -(r.utilization or 0), reverse=True)
+        rows.sort(key=lambda r: r.idle_cost if show_money else -(r.utilization or 0), reverse=True)
     figures: dict[str, Any] = {}
     for what in ("team", "pool"):
         if not groups[what]:  # no data for this period: the chart says so, no empty axes
@@ -924,7 +912,7 @@ def chargeback(request: HttpRequest) -> HttpResponse:
         figures[f"chart-{what}-util"] = charts.group_util_bars(
             groups[what], target_utilization=target
         )
-        if costs:
+        if show_money:
             figures[f"chart-{what}-cost"] = charts.group_cost_bars(groups[what], currency=cur)
     api_start = flt.start.isoformat()
     api_end = flt.end_exclusive.isoformat()
@@ -938,12 +926,12 @@ def chargeback(request: HttpRequest) -> HttpResponse:
             figures=figures,
             teams=_group_table(
                 groups["team"],
-                costs,
+                show_money,
                 cur,
                 cost_centers=team_cost_centers(),
-                statement_qs=flt.range_querystring if costs else None,
+                statement_qs=flt.range_querystring if show_money else None,
             ),
-            pools=_group_table(groups["pool"], costs, cur),
+            pools=_group_table(groups["pool"], show_money, cur),
             csv_team=f"/api/v1/costs?group_by=team&start={api_start}&end={api_end}&format=csv",
             csv_pool=f"/api/v1/costs?group_by=pool&start={api_start}&end={api_end}&format=csv",
             csv_team_month=(
@@ -951,7 +939,7 @@ def chargeback(request: HttpRequest) -> HttpResponse:
                 "&format=csv"
             ),
             focus_csv=f"/api/v1/focus?start={api_start}&end={api_end}",
-            **(_focus_files() if costs else {}),
+            **(_focus_files() if show_money else {}),
         ),
     )
 

@@ -66,10 +66,10 @@ def _filters(
 
 
 def workload_table(
-    rows: list[WorkloadRow], costs: bool, qs: str = "", limit: int | None = None
+    rows: list[WorkloadRow], show_money: bool, qs: str = "", limit: int | None = None
 ) -> list[dict[str, Any]]:
     """Rows as the tables show them; a viewer's carry no money and come worst held first."""
-    if not costs:
+    if not show_money:
         rows = sorted(rows, key=lambda r: (-r.held_hours, r.key))
     out = []
     for r in rows[:limit]:
@@ -93,8 +93,8 @@ def workload_table(
                 "held_hours": num(r.held_hours),
                 "utilization": pct(r.utilization),
                 "energy": num(r.energy_kwh),
-                "cost": money(r.cost) if costs else "",
-                "idle_cost": money(r.idle_cost) if costs else "",
+                "cost": money(r.cost) if show_money else "",
+                "idle_cost": money(r.idle_cost) if show_money else "",
                 "gpu_uuid": r.gpu_uuid or "",
                 "gpu_label": r.gpu_label or "",
                 "day": r.day,
@@ -111,7 +111,7 @@ def workloads(request: HttpRequest) -> HttpResponse:
     Who held the GPUs: every workload (worst idle cost first), then per user and per account.
     """
     flt = dashboard_filters(request.GET)
-    costs = _can_view_costs(request)
+    show_money = _can_view_costs(request)
     filters, own, errors = _filters(flt, request.GET)
     figures = workload_figures_by(
         start=flt.start,
@@ -119,7 +119,7 @@ def workloads(request: HttpRequest) -> HttpResponse:
         group_bys=("workload", "user", "account"),
         filters=filters,
         limits={"workload": LIST_ROWS},
-        worst="idle_cost" if costs else "held_hours",
+        worst="idle_cost" if show_money else "held_hours",
     )
     rows, users, accounts = figures["workload"], figures["user"], figures["account"]
     # The totals from the users' rows: every workload has exactly one user (or none), and
@@ -145,7 +145,7 @@ def workloads(request: HttpRequest) -> HttpResponse:
             ident="kpi-workload-held-hours",
         ),
     ]
-    if costs:
+    if show_money:
         cards += [
             _money_card("Cost", sum((r.cost for r in users), Decimal(0)), cur, ident="kpi-cost"),
             _money_card(
@@ -175,11 +175,11 @@ def workloads(request: HttpRequest) -> HttpResponse:
             own_errors=errors,
             kinds=WORKLOAD_KINDS,
             cards=cards,
-            rows=workload_table(rows, costs, flt.querystring),
+            rows=workload_table(rows, show_money, flt.querystring),
             total=total,
             shown=len(rows),
-            users=workload_table(users, costs, limit=GROUP_ROWS),
-            accounts=workload_table(accounts, costs, limit=GROUP_ROWS),
+            users=workload_table(users, show_money, limit=GROUP_ROWS),
+            accounts=workload_table(accounts, show_money, limit=GROUP_ROWS),
             csv_url=f"/api/v1/workloads?{api}&format=csv",
         ),
     )
@@ -193,7 +193,7 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
     One workload over the range: its figures, the GPUs it held and its hours per day."""
     workload = get_object_or_404(Workload.objects.select_related("site"), pk=pk)
     flt = dashboard_filters(request.GET)
-    costs = _can_view_costs(request)
+    show_money = _can_view_costs(request)
     only = WorkloadFilters(workloads=(workload.pk,))
 
     figures = workload_figures_by(
@@ -211,7 +211,7 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
             _card("Utilisation", pct(row.utilization), "air / GPU hours", accent="air"),
             _card("Energy", num(row.energy_kwh, 2), accent="energy", unit="kWh"),
         ]
-        if costs:
+        if show_money:
             cards += [
                 _money_card("Cost", row.cost, cur, ident="kpi-cost"),
                 _money_card(
@@ -230,9 +230,9 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
             row=row,
             team=row.team if row is not None else "",
             cards=cards,
-            gpus=workload_table(figures["gpu"], costs),
+            gpus=workload_table(figures["gpu"], show_money),
             days=sorted(
-                workload_table(figures["day"], costs),
+                workload_table(figures["day"], show_money),
                 key=lambda d: d["day"],
             ),
         ),
@@ -240,16 +240,18 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def gpu_workloads(
-    *, flt: DashboardFilters, uuid: str, costs: bool, limit: int = 10
+    *, flt: DashboardFilters, uuid: str, show_money: bool, limit: int = 10
 ) -> list[dict[str, Any]]:
     """The workloads that held one GPU over the range, for its page."""
     rows = workload_figures(
         start=flt.start, end=flt.end_exclusive, filters=WorkloadFilters(gpus=(uuid,))
     )
-    return workload_table(rows, costs, flt.querystring, limit)
+    return workload_table(rows, show_money, flt.querystring, limit)
 
 
-def overview_workloads(*, flt: DashboardFilters, held_hours: float, costs: bool) -> dict[str, Any]:
+def overview_workloads(
+    *, flt: DashboardFilters, held_hours: float, show_money: bool
+) -> dict[str, Any]:
     """The overview's workload panel: the share of the fleet's held hours that workloads
     explain, and (money) the three accounts with the most idle cost of held hours."""
     filters = WorkloadFilters(
@@ -271,5 +273,7 @@ def overview_workloads(*, flt: DashboardFilters, held_hours: float, costs: bool)
         "explained_hours": num(explained, 0),
         "held_hours": num(held_hours, 0),
         "share": pct(share, 0),
-        "top_accounts": workload_table(accounts, costs, limit=TOP_ACCOUNTS) if costs else [],
+        "top_accounts": workload_table(accounts, show_money, limit=TOP_ACCOUNTS)
+        if show_money
+        else [],
     }

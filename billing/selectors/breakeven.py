@@ -18,7 +18,7 @@ from billing.selectors.types import (
     _NO_SITE,
     Filters,
     _Acc,
-    _Names,
+    _NamesAndSiteTerms,
     _Segment,
     _SiteTerms,
     _validate,
@@ -69,7 +69,7 @@ def breakeven_workload(*, pool: str | None) -> dict[str, Any]:
     return be.workload_defaults(fleet=dict(FleetSettings.load().breakeven), pool=own)
 
 
-def _acc(segments: Iterable[_Segment], names: _Names) -> _Acc:
+def _acc(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Acc:
     acc = _Acc()
     for segment in segments:
         _accumulate(acc, segment, names)
@@ -80,7 +80,7 @@ def _capacity_h(segment: _Segment) -> Decimal:
     return cm.to_decimal(segment.sums["observed_s"]) / cm.SECONDS_PER_HOUR + segment.offline_h
 
 
-def _energy_terms(segments: list[_Segment], names: _Names) -> tuple[Decimal, Decimal]:
+def _energy_terms(segments: list[_Segment], names: _NamesAndSiteTerms) -> tuple[Decimal, Decimal]:
     """PUE and tariff of GPUs at several sites as one pool: weighted by the energy each
     drew, or by capacity hours where none drew any (``billing.breakeven``)."""
     drew = any(s.sums["energy_j"] > 0 for s in segments)

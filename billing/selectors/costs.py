@@ -20,7 +20,7 @@ from billing.selectors.types import (
     _Acc,
     _Bucket,
     _Computation,
-    _Names,
+    _NamesAndSiteTerms,
     _Segment,
     _validate,
     offline_now,
@@ -29,7 +29,7 @@ from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 
 
 # --- grouping -------------------------------------------------------------------------------
-def _group(segment: _Segment, group_by: str, names: _Names) -> tuple[str, str]:
+def _group(segment: _Segment, group_by: str, names: _NamesAndSiteTerms) -> tuple[str, str]:
     """(key, name) of the group a segment belongs to."""
     gpu = segment.gpu
     if group_by == "gpu":
@@ -47,7 +47,7 @@ def _group(segment: _Segment, group_by: str, names: _Names) -> tuple[str, str]:
     return (found, found) if found else ("", UNASSIGNED_NAME)
 
 
-def _accumulate(acc: _Acc, segment: _Segment, names: _Names) -> None:
+def _accumulate(acc: _Acc, segment: _Segment, names: _NamesAndSiteTerms) -> None:
     """Add one segment's hours and money to ``acc``: every figure from ``billing.cost_model``
     (the site's PUE, tariff and grid intensity are ``Decimal`` already; the rollup sums are
     converted once each)."""

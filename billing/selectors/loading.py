@@ -17,7 +17,13 @@ from django.utils import timezone
 from billing import cost_model as cm
 from billing.models import CostProfile
 from billing.selectors.calendar import _floor_hour, _local_midnight, _report_zone
-from billing.selectors.types import UNASSIGNED_NAME, Filters, _GpuInfo, _Names, _SiteTerms
+from billing.selectors.types import (
+    UNASSIGNED_NAME,
+    Filters,
+    _GpuInfo,
+    _NamesAndSiteTerms,
+    _SiteTerms,
+)
 from fleet.models import FleetSettings, Gpu, Pool, Site, Team
 from telemetry.models import DailyUsageState
 
@@ -206,8 +212,8 @@ def _daily_zone(zone: dt.tzinfo) -> bool:
     return state is not None and state == name
 
 
-def _names_load() -> _Names:
-    return _Names(
+def _names_load() -> _NamesAndSiteTerms:
+    return _NamesAndSiteTerms(
         nodes={},
         pools=dict(Pool.objects.values_list("id", "name")),
         teams=dict(Team.objects.values_list("id", "name")),
@@ -232,7 +238,7 @@ class _Loaded:
     now: dt.datetime
     fleet_settings: FleetSettings
     zone: dt.tzinfo
-    names: _Names
+    names: _NamesAndSiteTerms
     gpus: dict[int, _GpuInfo]
     daily_zone: bool
     # The day in progress from hourly rows, summed per GPU and attribution (period "all"):

@@ -16,7 +16,7 @@ from billing import cost_model as cm
 from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight
 from billing.selectors.loading import _load, _Loaded
 from billing.selectors.pooled import _poolable, _pooled_segments
-from billing.selectors.types import Filters, _Computation, _GpuInfo, _Names, _Segment
+from billing.selectors.types import Filters, _Computation, _GpuInfo, _NamesAndSiteTerms, _Segment
 from config.replica import read_cursor
 from fleet.models import Node
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
@@ -296,7 +296,7 @@ def _kept(
     pool_id: int | None,
     team_id: int | None,
     filters: Filters,
-    names: _Names,
+    names: _NamesAndSiteTerms,
 ) -> bool:
     """Whether the filters keep this GPU with this attribution."""
     if filters.sites and names.site(site_id).name not in filters.sites:
@@ -310,7 +310,7 @@ def _kept(
     return not (filters.gpus and gpu.uuid not in filters.gpus)
 
 
-def _segment_kept(segment: _Segment, filters: Filters, names: _Names) -> bool:
+def _segment_kept(segment: _Segment, filters: Filters, names: _NamesAndSiteTerms) -> bool:
     return _kept(
         segment.gpu,
         site_id=segment.site_id,

@@ -180,7 +180,10 @@ class _Acc:
 
 
 @dataclass
-class _Names:
+class _NamesAndSiteTerms:
+    """What a segment's attribution ids stand for: the node, pool and team names, and each
+    site's name with its terms (PUE, tariff, grid intensity) that price its energy."""
+
     nodes: dict[int, str]
     pools: dict[int, str]
     teams: dict[int, str]
@@ -201,7 +204,7 @@ class _Computation:
     window_end: dt.datetime  # UTC, the query's end
     now: dt.datetime
     gpus: dict[int, _GpuInfo]
-    names: _Names
+    names: _NamesAndSiteTerms
     segments: list[_Segment]
     # Pooled (fleet trend only): per GPU, the days [from, to) summed per rate class, not per
     # GPU; those segments carry a stand-in GPU of the class.
