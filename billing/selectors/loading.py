@@ -27,20 +27,7 @@ from billing.selectors.types import (
 from fleet.models import FleetSettings, Gpu, Pool, Site, Team
 from telemetry.models import DailyUsageState
 
-
 # --- loading --------------------------------------------------------------------------------
-def _terms(profile: CostProfile | None) -> cm.CostTerms | None:
-    if profile is None:
-        return None
-    return cm.CostTerms(
-        kind=profile.kind,
-        purchase_price=profile.purchase_price,
-        depreciation_years=profile.depreciation_years,
-        opex_per_hour=profile.opex_per_hour,
-        rental_rate_per_hour=profile.rental_rate_per_hour,
-    )
-
-
 _GPU_COLUMNS = (
     "id",
     "uuid",
@@ -128,7 +115,7 @@ def _rates(
     retired_at: dt.datetime | None,
     now: dt.datetime,
 ) -> _Rates:
-    terms = _terms(profile)
+    terms = profile.cost_terms() if profile is not None else None
     depreciating = cm.fixed_rate_per_hour(terms=terms, depreciating=True)
     if terms is None or not terms.owned or service_start is None:
         return terms, (depreciating, depreciating, depreciating), None
