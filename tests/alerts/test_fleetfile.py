@@ -42,7 +42,21 @@ def test_the_example_file_sets_its_rules_and_a_second_apply_changes_nothing(caps
     first = capsys.readouterr().out.strip().splitlines()[-1]
     assert "alerts created" in first
     rules = {r.name: r for r in Rule.objects.all()}
-    assert set(rules) == {"training-held-idle", "gpu-offline", "research-budget"}
+    assert set(rules) == {"training-held-idle", "gpu-offline", "research-budget", "jobs-held-idle"}
+    assert rules["jobs-held-idle"].notify == ["owner", "mailto:hpc-team@example.com"]
+    # Its people: two listed, one domain rule; bob gets no digest.
+    from alerts.people import people_directory
+
+    people = people_directory()
+    assert (people.email("alice"), people.email("carol")) == (
+        "alice@example.com",
+        "carol@example.com",
+    )
+    assert (people.digest("alice"), people.digest("bob"), people.digest("carol")) == (
+        True,
+        False,
+        False,
+    )
     held = rules["training-held-idle"]
     assert (held.kind, held.scope, held.threshold, held.window_hours, held.repeat_hours) == (
         "gpu_held_hours",
