@@ -4,6 +4,7 @@ function the Workloads page calls; rounded here for the wire only."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -25,6 +26,7 @@ from billing.api.serializers import (
 from billing.api.views import _ERRORS, CostRowPagination, FinanceAPIView
 from billing.workloads import GROUP_BY, WorkloadFilters, WorkloadRow, workload_figures
 from fleet.models import Site, Team
+from fleet.selectors import team_cost_centers
 from telemetry.models import WORKLOAD_KINDS
 
 WORKLOAD_COLUMNS: tuple[str, ...] = (
@@ -49,9 +51,11 @@ WORKLOAD_COLUMNS: tuple[str, ...] = (
     "currency",
     "priced",
 )
+# Grouped by team, a row also names the team's cost centre, after its key (chargeback).
+WORKLOAD_TEAM_COLUMNS: tuple[str, ...] = ("key", "cost_center", *WORKLOAD_COLUMNS[1:])
 # Cells that carry names agents or people typed: escaped in CSV.
 WORKLOAD_TEXT_COLUMNS = frozenset(
-    {"key", "kind", "name", "user", "account", "team", "site", "currency"}
+    {"key", "cost_center", "kind", "name", "user", "account", "team", "site", "currency"}
 )
 QUERY_KEYS = frozenset(
     {"start", "end", "group_by", "kind", "user", "account", "team", "site", "format"}
@@ -59,9 +63,13 @@ QUERY_KEYS = frozenset(
 )
 
 
-def workload_row_data(row: WorkloadRow, *, zone: ZoneInfo) -> dict[str, Any]:
-    """One selector row as the API shows it (JSON) and exports it (CSV)."""
-    return {
+def workload_row_data(
+    row: WorkloadRow, *, zone: ZoneInfo, cost_centers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """One selector row as the API shows it (JSON) and exports it (CSV). With
+    ``cost_centers`` (team name → cost centre) the row is a team's and names its cost centre
+    ("" where none)."""
+    data = {
         "key": row.key,
         "kind": row.kind,
         "name": row.name,
@@ -83,6 +91,9 @@ def workload_row_data(row: WorkloadRow, *, zone: ZoneInfo) -> dict[str, Any]:
         "currency": row.currency,
         "priced": row.priced,
     }
+    if cost_centers is None:
+        return data
+    return {"key": row.key, "cost_center": cost_centers.get(row.key, ""), **data}
 
 
 class WorkloadsQuerySerializer(RangeQuerySerializer):
@@ -116,6 +127,11 @@ class WorkloadRowSerializer(serializers.Serializer[Any]):
     differ within a group (a user's accounts) are null."""
 
     key = serializers.CharField(help_text="Workload id, user, account or team name")
+    cost_center = serializers.CharField(
+        required=False,
+        help_text="group_by=team only: the team's cost centre as the fleet file sets it "
+        '("" where none)',
+    )
     kind = serializers.CharField(allow_null=True, help_text="slurm, k8s, container or user")
     name = serializers.CharField(allow_null=True)
     user = serializers.CharField(allow_null=True)
@@ -193,15 +209,18 @@ class WorkloadsView(FinanceAPIView):
         rows = workload_figures(
             start=params["start"], end=params["end"], group_by=params["group_by"], filters=filters
         )
+        centers = team_cost_centers() if params["group_by"] == "team" else None
         if request.accepted_renderer.format == "csv":
             filename = "workloads_{}_{}_{}.csv".format(
                 params["start"], params["end"], params["group_by"]
             )
             return csv_response(
-                (workload_row_data(row, zone=zone) for row in rows),
-                columns=WORKLOAD_COLUMNS,
+                (workload_row_data(row, zone=zone, cost_centers=centers) for row in rows),
+                columns=WORKLOAD_TEAM_COLUMNS if centers is not None else WORKLOAD_COLUMNS,
                 text_columns=WORKLOAD_TEXT_COLUMNS,
                 filename=filename,
             )
         page = paginator.paginate_iterable(rows, request)
-        return paginator.get_paginated_response([workload_row_data(r, zone=zone) for r in page])
+        return paginator.get_paginated_response(
+            [workload_row_data(r, zone=zone, cost_centers=centers) for r in page]
+        )

@@ -90,6 +90,31 @@ def test_groups_filters_and_csv(
     assert table[0]["account"] == "nlp" and table[0]["held_hours"] == "1.0"
 
 
+def test_team_rows_name_their_cost_centre(
+    workload_example: dict[str, Any], finance: Any, span: dict[str, str]
+) -> None:
+    """Chargeback: every team-grouped export names the team's cost centre (the research
+    team's row is docs/metrics.md's 1.71 / 0.99)."""
+    from fleet.models import Team
+
+    Team.objects.filter(name="research").update(cost_center="CC-4100")
+    (team,) = _get(finance, **span, group_by="team").json()["results"]
+    assert (team["key"], team["cost_center"], team["cost"], team["idle_cost"]) == (
+        "research",
+        "CC-4100",
+        "1.71",
+        "0.99",
+    )
+    response = _get(finance, **span, group_by="team", format="csv")
+    text = b"".join(response.streaming_content).decode()
+    assert text.splitlines()[0].startswith("key,cost_center,kind,")
+    (line,) = csv.DictReader(io.StringIO(text))
+    assert (line["key"], line["cost_center"]) == ("research", "CC-4100")
+    # Other groupings have no cost centre of their own: no such field.
+    users = _get(finance, **span, group_by="user").json()["results"]
+    assert all("cost_center" not in r for r in users)
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [
