@@ -1,6 +1,6 @@
 """View helpers of the dashboard: the filters kept in the URL, ranges, small lookups.
 
-Nothing here computes a metric: every figure comes from ``billing.selectors`` (DESIGN.md §3).
+Nothing here computes a metric: every figure comes from ``billing.selectors`` (docs/metrics.md).
 """
 
 from __future__ import annotations

@@ -648,7 +648,7 @@ def _hourly_points(series: Any) -> dict[str, Any]:
         hour = _series_value(item, "hour")
         x.append(hour.isoformat() if hasattr(hour, "isoformat") else str(hour))
         air = _series_value(item, "air_s")
-        # One hour in service is 3,600 capacity seconds (DESIGN.md §3): air / capacity.
+        # One hour in service is 3,600 capacity seconds (docs/metrics.md): air / capacity.
         util.append(round(air / 36, 1) if air is not None else None)
         power.append(_series_value(item, "power_w_mean"))
         temp.append(_series_value(item, "temp_c_max"))

@@ -2,7 +2,7 @@
 
 Cost rows leave the server through one function, ``cost_row_data``, for JSON and CSV alike;
 ``CostRowSerializer`` only documents that shape in the OpenAPI schema (a test keeps the two in
-step). Money is rounded half-up to cents only here, at the edge (DESIGN.md §3).
+step). Money is rounded half-up to cents only here, at the edge (docs/api.md).
 """
 
 from __future__ import annotations

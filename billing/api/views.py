@@ -1,4 +1,4 @@
-"""Finance API (DESIGN.md §7): costs as JSON or streamed CSV, break-even, cost profiles.
+"""Finance API (docs/api.md): costs as JSON or streamed CSV, break-even, cost profiles.
 
 Views are thin: every figure comes from ``billing.selectors``, the same functions the dashboard
 and the weekly email call, and is only rounded here for the wire.
