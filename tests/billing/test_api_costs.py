@@ -17,6 +17,7 @@ from billing import selectors
 from billing.api.csv import csv_cell, csv_escape_text
 from billing.api.views import cost_rows_chunked, period_chunks
 from billing.cost_model import money_round
+from billing.selectors import costs as costs_selectors
 from fleet.models import FleetSettings
 from tests.billing.conftest import at, day_query
 
@@ -264,13 +265,13 @@ def test_costs_csv_streams_month_by_month(
     monkeypatch: Any,
 ) -> None:
     calls: list[tuple[dt.date, dt.date]] = []
-    real = selectors.cost_rows
+    real = costs_selectors._compute
 
-    def spy(**kwargs: Any) -> list[selectors.CostRow]:
+    def spy(**kwargs: Any) -> Any:  # one computation per chunk
         calls.append((kwargs["start"], kwargs["end"]))
         return real(**kwargs)
 
-    monkeypatch.setattr(selectors, "cost_rows", spy)
+    monkeypatch.setattr(costs_selectors, "_compute", spy)
     response = finance.get(
         COSTS, {"start": "2026-01-15", "end": "2026-04-10", "period": "day", "format": "csv"}
     )
