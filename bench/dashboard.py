@@ -49,6 +49,9 @@ def main() -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the test database")
     parser.add_argument(
+        "--only", default="", help="time only the pages whose name contains this (e.g. 'api')"
+    )
+    parser.add_argument(
         "--build-only", action="store_true", help="build (or reuse) the data set, time nothing"
     )
     parser.add_argument(
@@ -326,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
     )
     worst = 0.0
     for name, url in pages.items():
+        if args.only not in name:
+            continue
 
         def get(url: str = url) -> None:
             response = client.get(url)
