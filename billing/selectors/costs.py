@@ -22,7 +22,6 @@ from billing.selectors.types import (
     _Bucket,
     _Computation,
     _Names,
-    _Priced,
     _Segment,
     _validate,
     offline_now,
@@ -49,25 +48,53 @@ def _group(segment: _Segment, group_by: str, names: _Names) -> tuple[str, str]:
     return (found, found) if found else ("", UNASSIGNED_NAME)
 
 
-def _priced(segment: _Segment, names: _Names) -> _Priced:
-    """One segment's hours and money: every figure from ``billing.cost_model`` (the site's
-    PUE, tariff and grid intensity are ``Decimal`` already; the rollup sums are converted once
-    each)."""
+def _accumulate(acc: _Acc, segment: _Segment, names: _Names) -> None:
+    """Add one segment's hours and money to ``acc``: every figure from ``billing.cost_model``
+    (the site's PUE, tariff and grid intensity are ``Decimal`` already; the rollup sums are
+    converted once each)."""
     gpu, sums = segment.gpu, segment.sums
     site = segment.site_terms or names.site(segment.site_id)
     rate = gpu.rates[segment.phase]
+    terms = gpu.terms
     kind = gpu.kind
-    capacity_h = cm.hours_from_seconds(seconds=sums["observed_s"]) + segment.offline_h
+    offline_h = segment.offline_h
+    capacity_h = cm.hours_from_seconds(seconds=sums["observed_s"]) + offline_h
     air_h = cm.hours_from_seconds(seconds=sums["air_s"])
     energy_kwh = cm.kwh_from_joules(energy_j=sums["energy_j"])
     idle_energy_kwh = cm.kwh_from_joules(energy_j=sums["idle_energy_j"])
-    profiled_cost = None
+    if capacity_h > 0:
+        acc.gpu_ids.add(gpu.id)
+    acc.capacity_h += capacity_h
+    if kind != cm.RENTED:
+        acc.owned_capacity_h += capacity_h
+    acc.offline_h += offline_h
+    acc_sums = acc.sums
+    for name in _SUM_FIELDS:
+        acc_sums[name] += sums[name]
+    acc.energy_kwh += energy_kwh
+    acc.idle_energy_kwh += idle_energy_kwh
+    acc.fixed_cost += cm.fixed_cost_at_rate(fixed_rate_per_hour=rate, capacity_hours=capacity_h)
+    acc.energy_cost += cm.energy_cost(
+        kind=kind, energy_kwh=energy_kwh, pue=site.pue, price_per_kwh=site.price_per_kwh
+    )
+    acc.idle_cost += cm.idle_cost(
+        kind=kind,
+        fixed_rate_per_hour=rate,
+        capacity_hours=capacity_h,
+        air_hours=air_h,
+        idle_energy_kwh=idle_energy_kwh,
+        pue=site.pue,
+        price_per_kwh=site.price_per_kwh,
+    )
+    acc.co2e_kg += cm.co2e_kg(
+        energy_kwh=energy_kwh, pue=site.pue, grid_g_per_kwh=site.grid_g_per_kwh
+    )
     profiled_hours = sums["sm_hours"]
     if profiled_hours:
         # The GPU-hours with profiling data, at their rate and with their energy: the part of
         # the cost that cost per work hour divides (docs/metrics.md, "Work"). Only segments
         # with such hours pay for the calls.
-        profiled_cost = cm.fixed_cost_at_rate(
+        acc.profiled_cost += cm.fixed_cost_at_rate(
             fixed_rate_per_hour=rate, capacity_hours=profiled_hours
         ) + cm.energy_cost(
             kind=kind,
@@ -75,62 +102,12 @@ def _priced(segment: _Segment, names: _Names) -> _Priced:
             pue=site.pue,
             price_per_kwh=site.price_per_kwh,
         )
-    nominal = gpu.max_power_w is not None and gpu.idle_power_w is not None
-    return _Priced(
-        capacity_h=capacity_h,
-        energy_kwh=energy_kwh,
-        idle_energy_kwh=idle_energy_kwh,
-        fixed_cost=cm.fixed_cost_at_rate(fixed_rate_per_hour=rate, capacity_hours=capacity_h),
-        energy_cost=cm.energy_cost(
-            kind=kind, energy_kwh=energy_kwh, pue=site.pue, price_per_kwh=site.price_per_kwh
-        ),
-        idle_cost=cm.idle_cost(
-            kind=kind,
-            fixed_rate_per_hour=rate,
-            capacity_hours=capacity_h,
-            air_hours=air_h,
-            idle_energy_kwh=idle_energy_kwh,
-            pue=site.pue,
-            price_per_kwh=site.price_per_kwh,
-        ),
-        co2e_kg=cm.co2e_kg(energy_kwh=energy_kwh, pue=site.pue, grid_g_per_kwh=site.grid_g_per_kwh),
-        profiled_cost=profiled_cost,
-        priced=gpu.terms is not None and site.name is not None,
-        capacity_f=float(capacity_h) if nominal else None,
-    )
-
-
-def _accumulate(acc: _Acc, segment: _Segment, names: _Names) -> None:
-    """Add one segment's hours and money to ``acc``, priced once per segment (``_priced``)
-    however many groupings add it."""
-    priced = segment.priced
-    if priced is None:
-        priced = segment.priced = _priced(segment, names)
-    gpu = segment.gpu
-    capacity_h = priced.capacity_h
-    if capacity_h > 0:
-        acc.gpu_ids.add(gpu.id)
-    acc.capacity_h += capacity_h
-    if gpu.kind != cm.RENTED:
-        acc.owned_capacity_h += capacity_h
-    acc.offline_h += segment.offline_h
-    acc_sums, sums = acc.sums, segment.sums
-    for name in _SUM_FIELDS:
-        acc_sums[name] += sums[name]
-    acc.energy_kwh += priced.energy_kwh
-    acc.idle_energy_kwh += priced.idle_energy_kwh
-    acc.fixed_cost += priced.fixed_cost
-    acc.energy_cost += priced.energy_cost
-    acc.idle_cost += priced.idle_cost
-    acc.co2e_kg += priced.co2e_kg
-    if priced.profiled_cost is not None:
-        acc.profiled_cost += priced.profiled_cost
-    if not priced.priced:
+    if terms is None or site.name is None:
         acc.priced = False
-    capacity_f = priced.capacity_f
-    if capacity_f is not None:
-        acc.nominal_max_w_h += gpu.max_power_w * capacity_f  # type: ignore[operator]
-        acc.nominal_idle_w_h += gpu.idle_power_w * capacity_f  # type: ignore[operator]
+    if gpu.max_power_w is not None and gpu.idle_power_w is not None:
+        capacity_f = float(capacity_h)
+        acc.nominal_max_w_h += gpu.max_power_w * capacity_f
+        acc.nominal_idle_w_h += gpu.idle_power_w * capacity_f
         acc.nominal_h += capacity_f
 
 

@@ -155,25 +155,6 @@ class _Segment:
     offline_h: Decimal = Decimal(0)
     site_terms: _SiteTerms | None = None  # a closed month's: priced as at its close
     adjusts: dt.date | None = None  # the closed day whose late data this adjusts
-    # Its hours and money, made by the first accumulator that adds it (``costs._priced``):
-    # a page that groups one computation two ways prices each segment once.
-    priced: _Priced | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Priced:
-    """One segment's hours and money, each as ``costs._accumulate`` adds it to a group."""
-
-    capacity_h: Decimal
-    energy_kwh: Decimal
-    idle_energy_kwh: Decimal
-    fixed_cost: Decimal
-    energy_cost: Decimal
-    idle_cost: Decimal
-    co2e_kg: float
-    profiled_cost: Decimal | None  # None: no GPU-hours with profiling data
-    priced: bool
-    capacity_f: float | None  # capacity hours as a float, where the model's power is known
 
 
 @dataclass
