@@ -76,11 +76,15 @@ def cost_rows_chunked(
     """The rows of ``selectors.cost_rows`` over [start, end) in the same order (period_start,
     then key), computed one month (or four weeks) at a time. Only one chunk's rows are in
     memory at once: a year of daily rows for 1,000 GPUs is ~31,000 rows per chunk, not
-    365,000."""
-    for chunk_start, chunk_end in period_chunks(start, end, period):
-        yield from selectors.cost_rows(
-            start=chunk_start, end=chunk_end, group_by=group_by, period=period, filters=filters
-        )
+    365,000. The fleet is read once for all the chunks."""
+    return selectors.cost_rows_in_parts(
+        start=start,
+        end=end,
+        parts=period_chunks(start, end, period),
+        group_by=group_by,
+        period=period,
+        filters=filters,
+    )
 
 
 class CostRowPagination(Pagination):

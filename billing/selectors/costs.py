@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 
 from billing import cost_model as cm
 from billing.selectors.closing import adjustment_negligible
 from billing.selectors.closing import compute as _compute
-from billing.selectors.loading import _load
+from billing.selectors.loading import _load, _loaded_within
 from billing.selectors.sums import _kept
 from billing.selectors.types import (
     UNASSIGNED_NAME,
@@ -251,6 +252,36 @@ def cost_rows_by(
         start=start, end=end, period=period, filters=filters or Filters(), now=now
     )
     return {group_by: _rows(computation, group_by) for group_by in group_bys}
+
+
+def cost_rows_in_parts(
+    *,
+    start: dt.date,
+    end: dt.date,
+    parts: Iterable[tuple[dt.date, dt.date]],
+    group_by: str = "gpu",
+    period: str = "all",
+    filters: Filters | None = None,
+    now: dt.datetime | None = None,
+) -> Iterator[CostRow]:
+    """``cost_rows`` of each part of [start, end) in turn (``parts``: consecutive sub-ranges
+    whose edges are bucket edges, so the rows are those of the whole), one part's rows in
+    memory at a time. What every part reads before the rollups (settings, names, GPUs, their
+    cost terms and rates) is read once for the whole range, with one ``now``: a year of
+    months reads the fleet once, not twelve times."""
+    _validate(start=start, end=end, period=period, group_by=group_by)
+    filters = filters or Filters()
+    loaded = _load(start=start, end=end, filters=filters, now=now)
+    for part_start, part_end in parts:
+        computation = _compute(
+            start=part_start,
+            end=part_end,
+            period=period,
+            filters=filters,
+            now=loaded.now,
+            loaded=_loaded_within(loaded, start=part_start, end=part_end),
+        )
+        yield from _rows(computation, group_by)
 
 
 def _rows(computation: _Computation, group_by: str) -> list[CostRow]:

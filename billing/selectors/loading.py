@@ -4,7 +4,7 @@ cost terms and rates."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
@@ -259,3 +259,20 @@ def _load(*, start: dt.date, end: dt.date, filters: Filters, now: dt.datetime | 
         gpus=gpus,
         daily_zone=_daily_zone(zone),
     )
+
+
+def _loaded_within(loaded: _Loaded, *, start: dt.date, end: dt.date) -> _Loaded | None:
+    """What ``_load`` over [start, end), a part of the range ``loaded`` was read for, would
+    read (with ``loaded``'s ``now``), taken from ``loaded``: its GPUs less those retired by
+    the part's start. ``None`` where the part's zone is another (a fixed offset standing in
+    for the zone over one range and not the other): load it then."""
+    zone = _report_zone(loaded.fleet_settings.report_time_zone, start, end)
+    if zone != loaded.zone:
+        return None
+    window_start = _local_midnight(start, zone).astimezone(dt.UTC)
+    gpus = {
+        gpu_id: info
+        for gpu_id, info in loaded.gpus.items()
+        if info.retired_at is None or info.retired_at > window_start
+    }
+    return replace(loaded, gpus=gpus, in_progress={})

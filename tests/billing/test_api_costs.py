@@ -9,12 +9,16 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.http import StreamingHttpResponse
+from django.test.utils import CaptureQueriesContext
 
 from billing import selectors
 from billing.api.csv import csv_cell, csv_escape_text
 from billing.api.views import cost_rows_chunked, period_chunks
 from billing.cost_model import money_round
+from billing.selectors import costs as costs_selectors
+from fleet.models import FleetSettings
 from tests.billing.conftest import at, day_query
 
 COSTS = "/api/v1/costs"
@@ -261,13 +265,13 @@ def test_costs_csv_streams_month_by_month(
     monkeypatch: Any,
 ) -> None:
     calls: list[tuple[dt.date, dt.date]] = []
-    real = selectors.cost_rows
+    real = costs_selectors._compute
 
-    def spy(**kwargs: Any) -> list[selectors.CostRow]:
+    def spy(**kwargs: Any) -> Any:  # one computation per chunk
         calls.append((kwargs["start"], kwargs["end"]))
         return real(**kwargs)
 
-    monkeypatch.setattr(selectors, "cost_rows", spy)
+    monkeypatch.setattr(costs_selectors, "_compute", spy)
     response = finance.get(
         COSTS, {"start": "2026-01-15", "end": "2026-04-10", "period": "day", "format": "csv"}
     )
@@ -326,3 +330,47 @@ def test_chunked_rows_equal_one_computation(
     )
     assert chunked == one
     assert sum((r.total_cost for r in chunked), Decimal(0)) > 0
+
+
+@pytest.mark.parametrize("group_by", ["gpu", "node", "team"])
+def test_parts_read_the_fleet_once_and_equal_each_part_alone(
+    worked_example: Any, fleet: Any, frozen: Any, group_by: Any
+) -> None:
+    # A GPU retired in February: the March part must not see it (its own load excludes it),
+    # January and February must.
+    gone = fleet.gpu(
+        "GPU-gone",
+        node=worked_example.node,
+        index=2,
+        in_service_at=at("2026-01-05T00"),
+        retired_at=at("2026-02-10T12"),
+    )
+    fleet.save(
+        [fleet.usage(gone, at(f"2026-01-{d:02d}T05"), observed_s=3600, air_s=1800) for d in (6, 20)]
+    )
+    start, end = dt.date(2026, 1, 1), dt.date(2026, 3, 9)
+    parts = list(period_chunks(start, end, "day"))
+    FleetSettings.load()  # its first load writes the row: not part of what is counted
+    with CaptureQueriesContext(connection) as alone_queries:
+        alone = [
+            row
+            for part_start, part_end in parts
+            for row in selectors.cost_rows(
+                start=part_start, end=part_end, group_by=group_by, period="day"
+            )
+        ]
+    with CaptureQueriesContext(connection) as together_queries:
+        together = list(
+            selectors.cost_rows_in_parts(
+                start=start, end=end, parts=parts, group_by=group_by, period="day"
+            )
+        )
+    assert len(parts) == 3 and together == alone
+    keys = {(r.period_start.date(), r.key) for r in together}
+    if group_by == "gpu":
+        assert (dt.date(2026, 2, 10), "GPU-gone") in keys
+        assert not any(key == "GPU-gone" and day >= dt.date(2026, 2, 11) for day, key in keys)
+    # The fleet is read once, not once per part: two loads fewer (settings, pools, teams,
+    # sites, profiles, GPUs; and on PostgreSQL the zone the daily table holds).
+    load = 7 if connection.vendor == "postgresql" else 6
+    assert len(alone_queries) - len(together_queries) == 2 * load
