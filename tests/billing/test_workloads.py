@@ -425,3 +425,22 @@ def test_a_rate_change_inside_the_period_on_the_daily_path(fleet: FleetBuilder) 
         "dora": (Decimal("1.2"), Decimal("1.2"), 1),
         "eve": (Decimal("0.2"), Decimal("0.2"), 1),
     }
+
+
+def test_the_daily_rows_follow_the_report_time_zone(
+    workload_example: dict[str, Any], hour: dt.datetime
+) -> None:
+    """The example's hour, 02:00 UTC, is 21:00 the day before in New York (UTC−5 in winter,
+    −4 in summer): the next rollup rebuilds the daily rows in New York's days."""
+    from fleet.models import FleetSettings
+    from telemetry.models import WorkloadDailyState, WorkloadDailyUsage
+    from telemetry.rollup import rollup_run
+
+    assert set(WorkloadDailyUsage.objects.values_list("day", flat=True)) == {hour.date()}
+    FleetSettings.objects.update(report_time_zone="America/New_York")
+    rollup_run()
+    assert WorkloadDailyState.objects.get().zone == "America/New_York"
+    before = hour.date() - dt.timedelta(days=1)
+    assert set(WorkloadDailyUsage.objects.values_list("day", flat=True)) == {before}
+    rows = workload_figures(start=before, end=hour.date(), group_by="workload")
+    assert _money(rows)["103"] == (Decimal("0.81"), Decimal("0.81"))
