@@ -36,6 +36,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.functions import Cast
 from django.utils.dateparse import parse_datetime
 
 from billing import cost_model as cm
@@ -531,8 +532,10 @@ class _WorkloadInfo:
     account: str
     name: str
     site: str
-    first_seen: dt.datetime | None
-    last_seen: dt.datetime | None
+    # As the database writes them as text (UTC, one format per dialect, so the least text is
+    # the earliest): parsed only for the rows built (45,000 parsed: half a second).
+    first_seen: str | None
+    last_seen: str | None
     rule_team_id: int | None
 
 
@@ -749,17 +752,12 @@ def _workloads_load(
     if len(ids) > 1000:
         seen = Q(first_seen_at__lt=window_end, last_seen_at__gt=window_start)
         qs = Workload.objects.filter(seen | Q(first_seen_at__isnull=True))
-    for pk, kind, key, user, account, name, site_id, first, last in qs.values_list(
-        "pk",
-        "kind",
-        "key",
-        "user_name",
-        "account",
-        "name",
-        "site_id",
-        "first_seen_at",
-        "last_seen_at",
-    ):
+    rows = qs.annotate(
+        first_text=Cast("first_seen_at", CharField()), last_text=Cast("last_seen_at", CharField())
+    ).values_list(
+        "pk", "kind", "key", "user_name", "account", "name", "site_id", "first_text", "last_text"
+    )
+    for pk, kind, key, user, account, name, site_id, first, last in _fetch(rows):
         if pk not in ids:
             continue
         workloads[pk] = _WorkloadInfo(
@@ -921,8 +919,8 @@ def _row(
         gpus=len(acc.gpu_ids),
         workloads=len(acc.workload_ids),
         workload_pk=only,
-        first_seen=min(firsts) if firsts else None,
-        last_seen=max(lasts) if lasts else None,
+        first_seen=_aware(min(firsts)) if firsts else None,
+        last_seen=_aware(max(lasts)) if lasts else None,
         gpu_hours=float(gpu_h),
         air_hours=float(air_h),
         held_hours=float(gpu_h - air_h),
