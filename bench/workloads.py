@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -132,10 +133,10 @@ def run(args: argparse.Namespace) -> int:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from bench.dashboard import build_fleet, p95, reuse_fleet
-    from billing.workloads import workload_accounts
+    from bench.dashboard import build_fleet, reuse_fleet
     from fleet.roles import role_assign
-    from telemetry.models import Workload
+    from telemetry.models import Workload, WorkloadDailyState
+    from telemetry.rollup import workload_daily_rebuild
 
     start, end = reuse_fleet() if args.reuse else (None, None)
     if start is None or end is None:
@@ -152,7 +153,28 @@ def run(args: argparse.Namespace) -> int:
         "30 days": (last - dt.timedelta(days=29), last),
     }
     worst = 0.0
-    print(f"\n{args.repeat} requests each, interleaved (one round: every page once):")
+    for path in ("hourly rows", "daily rows"):
+        if path == "hourly rows":  # the daily table out of use: the selector reads hours
+            WorkloadDailyState.objects.all().delete()
+        else:
+            t0 = time.perf_counter()
+            days = workload_daily_rebuild()
+            print(f"\nWorkloadDailyUsage rebuilt ({days} days) in {time.perf_counter() - t0:.1f} s")
+        worst = measure(args, client, ranges, path)
+    print(
+        f"\nworkloads page worst p95 {worst:.0f} ms (goal ≤ {GOAL_MS:.0f} ms): "
+        f"{'met' if worst <= GOAL_MS else 'NOT met'}"
+    )
+    return 0
+
+
+def measure(args: argparse.Namespace, client: Any, ranges: dict[str, Any], path: str) -> float:
+    """Every page over each range, interleaved → the Workloads page's worst p95 (ms)."""
+    from bench.dashboard import p95
+    from billing.workloads import workload_accounts
+
+    worst = 0.0
+    print(f"\n{path}: {args.repeat} requests each, interleaved (one round: every page once):")
     print(f"  {'page':<38} {'p50 ms':>8} {'p95 ms':>8} {'/ overview p50':>15}")
     for label, (first, final) in ranges.items():
         rng = f"from={first}&to={final}"
@@ -185,11 +207,7 @@ def run(args: argparse.Namespace) -> int:
                 f"  {name:<38} {statistics.median(values):8.0f} {p95(values):8.0f} "
                 f"{statistics.median(values) / overview:14.2f}×"
             )
-    print(
-        f"\nworkloads page worst p95 {worst:.0f} ms (goal ≤ {GOAL_MS:.0f} ms): "
-        f"{'met' if worst <= GOAL_MS else 'NOT met'}"
-    )
-    return 0
+    return worst
 
 
 if __name__ == "__main__":

@@ -342,6 +342,46 @@ class WorkloadHourlyUsage(Attribution):
         return f"workload {self.workload_id} on gpu {self.gpu_id} @ {self.hour:%Y-%m-%d %H}h"
 
 
+class WorkloadDailyUsage(Attribution):
+    """One workload on one GPU over one local day of the report time zone, per attribution:
+    the sums of its ``WorkloadHourlyUsage`` rows of that day. A read-side pre-aggregate, so
+    the Workloads page reads a row per job-day rather than per job-hour, as ``DailyUsage`` is
+    for the GPUs' rollups. ``held_energy_j`` is Σ over the hourly rows of energy × held / GPU
+    seconds (idle money is priced per hour's held share: docs/metrics.md, "Workloads").
+
+    Kept by the rollup in the same transaction as the hourly rows it sums (the local days a
+    batch touched are summed again, on both dialects); the day is that of
+    ``WorkloadDailyState.zone``, and :func:`telemetry.rollup.workload_daily_rebuild` rebuilds
+    it when the report time zone changes. Seconds and joules only: no money here."""
+
+    workload = models.ForeignKey(Workload, on_delete=models.DO_NOTHING, db_constraint=False)
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
+    day = models.DateField()
+    hours = models.IntegerField(default=0, help_text="WorkloadHourlyUsage rows summed here")
+    gpu_s = models.FloatField(default=0)
+    air_s = models.FloatField(default=0)
+    energy_j = models.FloatField(default=0)
+    held_energy_j = models.FloatField(default=0, help_text="Σ energy × held / GPU seconds")
+
+    class Meta:
+        indexes = [models.Index(fields=["day"], name="telemetry_workload_daily_day")]
+
+    def __str__(self) -> str:
+        return f"workload {self.workload_id} on gpu {self.gpu_id} @ {self.day:%Y-%m-%d}"
+
+
+class WorkloadDailyState(models.Model):
+    """The one row saying which time zone's days ``WorkloadDailyUsage`` holds. No row (a
+    flushed database, rows written other than by the rollup): the table is not in use and the
+    workload figures read hourly rows."""
+
+    zone = models.CharField(max_length=64)
+    built_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"workload daily usage in {self.zone}"
+
+
 class RollupPending(models.Model):
     """An hour whose rollup is out of date. ``version`` grows with every mark, so a rollup
     clears only the marks it has seen and a sample that lands mid-rollup re-marks its hour.

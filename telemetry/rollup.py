@@ -250,7 +250,9 @@ def _recompute(batch: list[dt.datetime], *, active_util_pct: float) -> tuple[int
                 _sql("rollup_workloads.postgresql"),
                 {"hours": batch, "lo": lo, "hi": hi, "contiguous": contiguous, "now": now},
             )
-            return int(row[0]), int(row[1])
+            written, deleted = int(row[0]), int(row[1])
+            workload_daily_refresh(batch)
+            return written, deleted
         hours_json = json.dumps([_sqlite_text(h) for h in batch])
         cursor.execute(_sql("rollup_stale_delete.sqlite"), {"hours": hours_json})
         deleted = _sqlite_changes(cursor)
@@ -268,7 +270,8 @@ def _recompute(batch: list[dt.datetime], *, active_util_pct: float) -> tuple[int
         cursor.execute(_sql("rollup_workloads_stale.sqlite"), {"hours": hours_json})
         cursor.execute(_sql("rollup_workloads.sqlite"), params)
         cursor.execute(_sql("rollup_workloads_seen.sqlite"), params)
-        return written, deleted
+    workload_daily_refresh(batch)
+    return written, deleted
 
 
 def _sqlite_changes(cursor: Any) -> int:
@@ -436,6 +439,7 @@ def rollup_run(
     # The daily pre-aggregate follows the report time zone however it was changed (admin,
     # fleet file): rebuilt here when it holds another zone's days.
     daily_usage_ensure()
+    workload_daily_ensure()
     horizon = retention_horizon()
     taken = hours_done = rows = deleted = skipped = failed_hours = set_aside = 0
     busy = False
@@ -583,4 +587,82 @@ def daily_usage_ensure() -> bool:
     if state is not None and state.zone == wanted:
         return False
     daily_usage_rebuild(zone_name=wanted)
+    return True
+
+
+# --- the workloads' daily pre-aggregate (telemetry.WorkloadDailyUsage) -------------------------
+def _local_day_span(day: dt.date, zone: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
+    """A local day's first moment and the next day's, in UTC."""
+    lo = dt.datetime.combine(day, dt.time(), tzinfo=zone).astimezone(dt.UTC)
+    hi = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), tzinfo=zone)
+    return lo, hi.astimezone(dt.UTC)
+
+
+def workload_daily_refresh(hours: Iterable[dt.datetime]) -> set[dt.date]:
+    """Sum again the ``WorkloadDailyUsage`` rows of the local days that hold ``hours`` (UTC
+    hours whose hourly workload rows just changed), in the current transaction → those days.
+    Nothing when the table is not in use (no ``WorkloadDailyState`` row)."""
+    from telemetry.models import WorkloadDailyState
+
+    state = WorkloadDailyState.objects.order_by("id").first()
+    if state is None:
+        return set()
+    zone = zone_or_utc(state.zone)
+    days = {_as_utc(h).astimezone(zone).date() for h in hours}
+    with connection.cursor() as cursor:
+        for day in sorted(days):
+            _workload_day_write(cursor, day, zone)
+    return days
+
+
+def _workload_day_write(cursor: Any, day: dt.date, zone: dt.tzinfo) -> None:
+    lo, hi = _local_day_span(day, zone)
+    day_param = day if _is_postgres() else day.isoformat()
+    cursor.execute("DELETE FROM telemetry_workloaddailyusage WHERE day = %s", [day_param])
+    cursor.execute(
+        _sql("workload_daily_refresh"),
+        {"day": day_param, "lo": _db_datetime(lo), "hi": _db_datetime(hi)},
+    )
+
+
+def workload_daily_rebuild(*, zone_name: str | None = None) -> int:
+    """Rebuild every ``WorkloadDailyUsage`` row from the hourly workload rows, in the local
+    days of ``zone_name`` (default: the report time zone) → days written. Both dialects.
+
+    Under the rollup lock and in one transaction, as :func:`daily_usage_rebuild`: readers see
+    the old table or the new one, never half of each."""
+    from telemetry.models import WorkloadDailyState, WorkloadHourlyUsage
+
+    zone_key = daily_zone_name(zone_name or FleetSettings.load().report_time_zone)
+    zone = zone_or_utc(zone_key)
+    with transaction.atomic():
+        _lock(wait=True)
+        WorkloadDailyState.objects.all().delete()
+        WorkloadDailyState.objects.create(zone=zone_key, built_at=timezone.now())
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM telemetry_workloaddailyusage")
+            first = WorkloadHourlyUsage.objects.order_by("hour").values_list("hour").first()
+            last = WorkloadHourlyUsage.objects.order_by("-hour").values_list("hour").first()
+            if first is None or last is None:
+                return 0
+            day = _as_utc(first[0]).astimezone(zone).date()
+            end = _as_utc(last[0]).astimezone(zone).date()
+            days = 0
+            while day <= end:
+                _workload_day_write(cursor, day, zone)
+                day += dt.timedelta(days=1)
+                days += 1
+            return days
+
+
+def workload_daily_ensure() -> bool:
+    """Rebuild ``WorkloadDailyUsage`` when it holds another zone's days than the report time
+    zone's (or is not set up yet) → whether it rebuilt. Cheap when nothing changed."""
+    from telemetry.models import WorkloadDailyState
+
+    wanted = daily_zone_name(FleetSettings.load().report_time_zone)
+    state = WorkloadDailyState.objects.order_by("id").first()
+    if state is not None and state.zone == wanted:
+        return False
+    workload_daily_rebuild(zone_name=wanted)
     return True

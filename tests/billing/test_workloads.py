@@ -299,3 +299,148 @@ def test_limits_keep_the_worst_rows(workload_example: dict[str, Any], hour: dt.d
     assert [r.key for r in held["workload"]] == ["103", "101"]  # 1.0 h, then 0.1 h (by key)
     with pytest.raises(ValueError, match="^worst"):
         workload_figures_by(**_span(hour), group_bys=("workload",), worst="cost")
+
+
+# --- the daily pre-aggregate (telemetry.WorkloadDailyUsage) ---------------------------------
+def _daily_vs_hourly() -> tuple[dict[Any, tuple[Any, ...]], dict[Any, tuple[Any, ...]]]:
+    """The daily rows, and the hourly rows summed per (workload, GPU, UTC day) in Python (the
+    example's report time zone is UTC)."""
+    from telemetry.models import WorkloadDailyUsage
+
+    daily = {
+        (r.workload_id, r.gpu_id, r.day): (r.hours, r.gpu_s, r.air_s, r.energy_j, r.held_energy_j)
+        for r in WorkloadDailyUsage.objects.all()
+    }
+    summed: dict[Any, list[Any]] = {}
+    for r in WorkloadHourlyUsage.objects.all():
+        acc = summed.setdefault((r.workload_id, r.gpu_id, r.hour.date()), [0, 0.0, 0.0, 0.0, 0.0])
+        held = r.energy_j * (r.gpu_s - r.air_s) / r.gpu_s if r.gpu_s > 0 else 0.0
+        for i, value in enumerate((1, r.gpu_s, r.air_s, r.energy_j, held)):
+            acc[i] += value
+    return daily, {k: tuple(v) for k, v in summed.items()}
+
+
+def test_the_daily_rows_are_the_hourly_sums_after_late_data(
+    workload_example: dict[str, Any], hour: dt.datetime
+) -> None:
+    """The rollup keeps the daily rows: after the example's hour, job 101's row on GPU A is
+    1,800 GPU s (60 × 30), 1,440 air s (60 × 24), 720,000 J, held 144,000 J (720,000 × 6/30).
+    Late samples for the next hour (job 101 alone on GPU A, share 60, air 48, 24,000 J) add
+    3,600 s, 2,880 s, 1,440,000 J and 288,000 J held; re-rolling both hours changes nothing."""
+    from telemetry.models import WorkloadDailyUsage
+    from telemetry.rollup import rollup_hours, rollup_run
+    from tests.telemetry.conftest import sample, samples_ingest
+
+    jobs, a = workload_example["jobs"], workload_example["a"]
+    day = hour.date()
+    row = WorkloadDailyUsage.objects.get(workload=jobs["101"], gpu=a, day=day)
+    assert (row.hours, row.gpu_s, row.air_s, row.energy_j) == (1, 1800.0, 1440.0, 720_000.0)
+    assert row.held_energy_j == pytest.approx(144_000.0)
+    late = [
+        sample(a, hour + dt.timedelta(hours=1, minutes=m), util=80.0, energy_j=24_000.0,
+               procs=1, workload_ids=[jobs["101"].pk], workload_share_s=[60.0],
+               workload_air_s=[48.0])
+        for m in range(60)
+    ]  # fmt: skip
+    samples_ingest(late)
+    rollup_run()
+    row = WorkloadDailyUsage.objects.get(workload=jobs["101"], gpu=a, day=day)
+    assert (row.hours, row.gpu_s, row.air_s, row.energy_j) == (2, 5400.0, 4320.0, 2_160_000.0)
+    assert row.held_energy_j == pytest.approx(432_000.0)
+    rollup_hours([hour, hour + dt.timedelta(hours=1)])
+    rollup_run()
+    daily, summed = _daily_vs_hourly()
+    assert daily.keys() == summed.keys() and len(daily) == 3
+    for key, sums in summed.items():
+        assert daily[key] == pytest.approx(sums)
+
+
+def _every_grouping(hour: dt.datetime) -> dict[str, list[Any]]:
+    from billing.workloads import PAGE_GROUP_BY, workload_accounts, workload_figures_by
+
+    out = workload_figures_by(**_span(hour), group_bys=PAGE_GROUP_BY)
+    out["accounts"] = workload_accounts(**_span(hour))
+    # Money to 1e-12: a day's rate over the whole window and the same rate over each of its
+    # hours differ in Decimal's 28th digit.
+    for rows in out.values():
+        for r in rows:
+            r.cost, r.idle_cost = (
+                r.cost.quantize(Decimal("1e-12")),
+                r.idle_cost.quantize(Decimal("1e-12")),
+            )
+    return out
+
+
+def test_the_daily_and_the_hourly_path_give_the_same_figures(
+    workload_example: dict[str, Any], hour: dt.datetime, role_client: Any
+) -> None:
+    """Every grouping, the accounts' panel and the Workloads page itself, read from the daily
+    rows (the rollup set them up), then from the hourly rows (the daily table out of use)."""
+    from telemetry.models import WorkloadDailyState, WorkloadDailyUsage
+
+    assert WorkloadDailyState.objects.get().zone == "UTC"
+    assert WorkloadDailyUsage.objects.count() == 3
+    span = _span(hour)
+    url = f"/workloads/?from={span['start']}&to={span['start']}"
+    client = role_client("finance")
+    daily, daily_page = _every_grouping(hour), client.get(url).content
+    assert _money(daily["workload"])["103"] == (Decimal("0.81"), Decimal("0.81"))
+    WorkloadDailyState.objects.all().delete()
+    hourly, hourly_page = _every_grouping(hour), client.get(url).content
+    assert daily == hourly
+    assert _main(daily_page) == _main(hourly_page)
+    assert "0.81" in _main(daily_page)
+
+
+def _main(page: bytes) -> str:
+    """A page's content, less its head and nav (a fresh CSRF token and nonce each time)."""
+    html = page.decode()
+    return html[html.index('id="kpi-workloads"') : html.index("</main>")]
+
+
+def test_a_rate_change_inside_the_period_on_the_daily_path(fleet: FleetBuilder) -> None:
+    """test_the_rate_changes_where_depreciation_ends_inside_the_period's GPU beside one whose
+    rate does not change, with the daily table in use: the first is still priced per hour
+    (1.20), the second from its daily row (2 h × 0.10 = 0.20)."""
+    from telemetry.rollup import workload_daily_rebuild
+
+    site = fleet.site("fra1", pue="1.0", price_per_kwh="0")
+    pool = fleet.pool("p", site=site)
+    node = fleet.node("n1", pool=pool)
+    gpu = fleet.gpu("GPU-D", node=node, in_service_at=dt.datetime(2025, 3, 1, tzinfo=dt.UTC))
+    old = fleet.gpu("GPU-E", node=node, in_service_at=dt.datetime(2020, 3, 1, tzinfo=dt.UTC))
+    fleet.owned("pool:p", purchase_price="8766.00", depreciation_years="1", opex_per_hour="0.10")
+    job = Workload.objects.create(site=site, kind="user", key="dora", created_at=timezone.now())
+    other = Workload.objects.create(site=site, kind="user", key="eve", created_at=timezone.now())
+    for held, on in ((job, gpu), (other, old)):
+        for h in (5, 6):
+            WorkloadHourlyUsage.objects.create(
+                workload=held, gpu=on, hour=dt.datetime(2026, 3, 1, h, tzinfo=dt.UTC),
+                site=site, pool=pool, samples=60, gpu_s=3600.0, air_s=0.0, energy_j=0.0,
+                computed_at=timezone.now(),
+            )  # fmt: skip
+    assert workload_daily_rebuild() == 1
+    rows = workload_figures(start=dt.date(2026, 3, 1), end=dt.date(2026, 3, 2))
+    assert {r.key: (r.cost, r.idle_cost, r.gpus) for r in rows} == {
+        "dora": (Decimal("1.2"), Decimal("1.2"), 1),
+        "eve": (Decimal("0.2"), Decimal("0.2"), 1),
+    }
+
+
+def test_the_daily_rows_follow_the_report_time_zone(
+    workload_example: dict[str, Any], hour: dt.datetime
+) -> None:
+    """The example's hour, 02:00 UTC, is 21:00 the day before in New York (UTC−5 in winter,
+    −4 in summer): the next rollup rebuilds the daily rows in New York's days."""
+    from fleet.models import FleetSettings
+    from telemetry.models import WorkloadDailyState, WorkloadDailyUsage
+    from telemetry.rollup import rollup_run
+
+    assert set(WorkloadDailyUsage.objects.values_list("day", flat=True)) == {hour.date()}
+    FleetSettings.objects.update(report_time_zone="America/New_York")
+    rollup_run()
+    assert WorkloadDailyState.objects.get().zone == "America/New_York"
+    before = hour.date() - dt.timedelta(days=1)
+    assert set(WorkloadDailyUsage.objects.values_list("day", flat=True)) == {before}
+    rows = workload_figures(start=before, end=hour.date(), group_by="workload")
+    assert _money(rows)["103"] == (Decimal("0.81"), Decimal("0.81"))
