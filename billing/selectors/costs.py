@@ -58,10 +58,20 @@ def _accumulate(acc: _Acc, segment: _Segment, names: _NamesAndSiteTerms) -> None
     terms = gpu.terms
     kind = gpu.kind
     offline_h = segment.offline_h
-    capacity_h = cm.hours_from_seconds(seconds=sums["observed_s"]) + offline_h
-    air_h = cm.hours_from_seconds(seconds=sums["air_s"])
-    energy_kwh = cm.kwh_from_joules(energy_j=sums["energy_j"])
-    idle_energy_kwh = cm.kwh_from_joules(energy_j=sums["idle_energy_j"])
+    capacity_h, energy_kwh, idle_energy_kwh, fixed, energy, idle, co2e, profiled = cm.segment_costs(
+        kind,
+        rate,
+        sums["observed_s"],
+        offline_h,
+        sums["air_s"],
+        sums["energy_j"],
+        sums["idle_energy_j"],
+        site.pue,
+        site.price_per_kwh,
+        site.grid_g_per_kwh,
+        sums["sm_hours"],
+        sums["sm_hours_energy_j"],
+    )
     if capacity_h > 0:
         acc.gpu_ids.add(gpu.id)
     acc.capacity_h += capacity_h
@@ -73,35 +83,12 @@ def _accumulate(acc: _Acc, segment: _Segment, names: _NamesAndSiteTerms) -> None
         acc_sums[name] += sums[name]
     acc.energy_kwh += energy_kwh
     acc.idle_energy_kwh += idle_energy_kwh
-    acc.fixed_cost += cm.fixed_cost_at_rate(fixed_rate_per_hour=rate, capacity_hours=capacity_h)
-    acc.energy_cost += cm.energy_cost(
-        kind=kind, energy_kwh=energy_kwh, pue=site.pue, price_per_kwh=site.price_per_kwh
-    )
-    acc.idle_cost += cm.idle_cost(
-        kind=kind,
-        fixed_rate_per_hour=rate,
-        capacity_hours=capacity_h,
-        air_hours=air_h,
-        idle_energy_kwh=idle_energy_kwh,
-        pue=site.pue,
-        price_per_kwh=site.price_per_kwh,
-    )
-    acc.co2e_kg += cm.co2e_kg(
-        energy_kwh=energy_kwh, pue=site.pue, grid_g_per_kwh=site.grid_g_per_kwh
-    )
-    profiled_hours = sums["sm_hours"]
-    if profiled_hours:
-        # The GPU-hours with profiling data, at their rate and with their energy: the part of
-        # the cost that cost per work hour divides (docs/metrics.md, "Work"). Only segments
-        # with such hours pay for the calls.
-        acc.profiled_cost += cm.fixed_cost_at_rate(
-            fixed_rate_per_hour=rate, capacity_hours=profiled_hours
-        ) + cm.energy_cost(
-            kind=kind,
-            energy_kwh=cm.kwh_from_joules(energy_j=sums["sm_hours_energy_j"]),
-            pue=site.pue,
-            price_per_kwh=site.price_per_kwh,
-        )
+    acc.fixed_cost += fixed
+    acc.energy_cost += energy
+    acc.idle_cost += idle
+    acc.co2e_kg += co2e
+    if profiled is not None:
+        acc.profiled_cost += profiled
     if terms is None or site.name is None:
         acc.priced = False
     if gpu.max_power_w is not None and gpu.idle_power_w is not None:

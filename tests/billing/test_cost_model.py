@@ -246,3 +246,38 @@ def test_recoverable_gpus_and_money():
 def test_to_decimal_rejects_nan():
     with pytest.raises(ValueError):
         cm.to_decimal(float("nan"))
+
+
+def test_segment_costs_prices_a_segment_as_the_single_formulas():
+    # 2 h observed + 1 h offline = 3 h capacity, 1 h in the air, 1 kWh, 0.5 kWh idle, 2 h
+    # profiled with 1 kWh; 2.00/h, PUE 1.5, 0.20/kWh, 400 g/kWh. By hand: fixed 2 × 3 = 6,
+    # energy 1 × 1.5 × 0.2 = 0.30, idle 2 × (3 − 1) + 0.5 × 1.5 × 0.2 = 4.15, CO2e
+    # 1 × 1.5 × 400 / 1000 = 0.6 kg, profiled 2 × 2 + 0.30 = 4.30.
+    args = (Decimal(2), 7200.0, Decimal(1), 3600.0, 3.6e6, 1.8e6)
+    site = (Decimal("1.5"), Decimal("0.2"), Decimal(400))
+    owned = cm.segment_costs(cm.OWNED, *args, *site, 2.0, 3.6e6)
+    assert owned == (
+        Decimal(3),
+        Decimal(1),
+        Decimal("0.5"),
+        Decimal(6),
+        Decimal("0.30"),
+        Decimal("4.15"),
+        pytest.approx(0.6),
+        Decimal("4.30"),
+    )
+    # Rented: the rate includes energy; CO2e all the same. No profiled hours: None.
+    rented = cm.segment_costs(cm.RENTED, *args, *site, 0.0, 0.0)
+    assert rented[3:] == (Decimal(6), Decimal(0), Decimal(4), pytest.approx(0.6), None)
+    # The same figures, digit for digit, as the single-purpose functions.
+    energy = cm.kwh_from_joules(energy_j=3.6e6)
+    assert owned[5] == cm.idle_cost(
+        kind=cm.OWNED,
+        fixed_rate_per_hour=Decimal(2),
+        capacity_hours=Decimal(3),
+        air_hours=cm.hours_from_seconds(seconds=3600.0),
+        idle_energy_kwh=cm.kwh_from_joules(energy_j=1.8e6),
+        pue=Decimal("1.5"),
+        price_per_kwh=Decimal("0.2"),
+    )
+    assert owned[6] == cm.co2e_kg(energy_kwh=energy, pue=1.5, grid_g_per_kwh=400)
