@@ -530,6 +530,35 @@ class _WorkloadInfo:
     rule_team_id: int | None
 
 
+def _window_read(
+    *,
+    start: dt.date,
+    end: dt.date,
+    filters: WorkloadFilters,
+    per_day: bool,
+    per_gpu: bool,
+    owner: str = "workload_id",
+) -> tuple[FleetSettings, tuple[dt.datetime, dt.datetime], dict[int, _Pricing], list[_Part]]:
+    """What every figure of a window starts from: the fleet settings, the window in UTC, each
+    GPU's pricing and the window's parts (``_parts_read``)."""
+    fleet_settings = FleetSettings.load()
+    window_start, window_end = _window(start, end, fleet_settings.report_zone)
+    pricing = _pricing_load()
+    parts = _parts_read(
+        start=start,
+        end=end,
+        window_start=window_start,
+        window_end=window_end,
+        zone_name=fleet_settings.report_time_zone,
+        filters=filters,
+        pricing=pricing,
+        per_day=per_day,
+        per_gpu=per_gpu,
+        owner=owner,
+    )
+    return fleet_settings, (window_start, window_end), pricing, parts
+
+
 def _window(start: dt.date, end: dt.date, zone: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
     """Local days [start, end) of the report time zone as UTC moments; aware datetimes (an
     alert's window of whole hours) are taken as they are."""
@@ -587,21 +616,14 @@ def workload_figures_by(
         if group_by not in PAGE_GROUP_BY:
             raise ValueError(f"group_by: must be one of {', '.join(GROUP_BY)}")
     filters = filters or WorkloadFilters()
-    fleet_settings = FleetSettings.load()
-    zone = fleet_settings.report_zone
-    window_start, window_end = _window(start, end, zone)
-    pricing = _pricing_load()
-    parts = _parts_read(
+    fleet_settings, (window_start, window_end), pricing, parts = _window_read(
         start=start,
         end=end,
-        window_start=window_start,
-        window_end=window_end,
-        zone_name=fleet_settings.report_time_zone,
         filters=filters,
-        pricing=pricing,
         per_day="day" in group_bys,
         per_gpu="gpu" in group_bys,
     )
+    zone = fleet_settings.report_zone
     out: dict[str, list[WorkloadRow]] = {g: [] for g in group_bys}
     if not parts:
         return out
@@ -652,24 +674,17 @@ def workload_accounts(
         raise ValueError("team: workload_accounts takes no team filter")
     if end <= start:
         raise ValueError("end: must be after start")
-    fleet_settings = FleetSettings.load()
-    zone = fleet_settings.report_zone
-    window_start, window_end = _window(start, end, zone)
-    pricing = _pricing_load()
-    parts = _parts_read(
+    fleet_settings, (window_start, window_end), pricing, parts = _window_read(
         start=start,
         end=end,
-        window_start=window_start,
-        window_end=window_end,
-        zone_name=fleet_settings.report_time_zone,
         filters=filters,
-        pricing=pricing,
         per_day=False,
         # Per GPU: an account's parts are few (13 accounts × 1,000 GPUs), and listing each
         # part's distinct GPUs in SQL costs more than it saves.
         per_gpu=True,
         owner="workload__account",
     )
+    zone = fleet_settings.report_zone
     buckets = _buckets(
         parts,
         workloads={},
