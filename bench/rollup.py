@@ -353,6 +353,9 @@ def workloads_compare(
             )
         with connection.cursor() as cursor:
             cursor.execute("VACUUM ANALYZE telemetry_sample")
+            # The workload rows just deleted, as empty_targets does for the GPUs' rows: neither
+            # side pays for dead rows of the round before.
+            cursor.execute("VACUUM telemetry_workloadhourlyusage")
 
     times: dict[bool, list[float]] = {False: [], True: []}
     for round_no in range(rounds):

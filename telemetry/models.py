@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import models
 from django.db.models import Value
@@ -186,23 +187,40 @@ for _column in USAGE_SUMS:
     UsageSums.add_to_class(_column.name, _field(default=0, help_text=_column.help_text))
 
 
+def _attribution_fk(to: type[models.Model], *, db_index: bool = True) -> Any:
+    return models.ForeignKey(
+        to,
+        null=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+        db_index=db_index,
+    )
+
+
 class Attribution(models.Model):
     """Where a GPU belonged in the period of a row (its node, pool, team, site then), so
     chargeback history does not move when the GPU does. No database FKs: the rollups are
     written in bulk by SQL, and inventory rows are never deleted while history points at them."""
 
-    node = models.ForeignKey(
-        Node, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    pool = models.ForeignKey(
-        Pool, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    team = models.ForeignKey(
-        Team, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    site = models.ForeignKey(
-        Site, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
+    node = _attribution_fk(Node)
+    pool = _attribution_fk(Pool)
+    team = _attribution_fk(Team)
+    site = _attribution_fk(Site)
+
+    class Meta:
+        abstract = True
+
+
+class UnindexedAttribution(models.Model):
+    """:class:`Attribution` without an index on each column: the workload rollups, several
+    rows per GPU-hour rewritten by every rollup, are read by hour, workload or GPU, never
+    looked up by node, pool, team or site alone (each index cost their upsert a tenth)."""
+
+    node = _attribution_fk(Node, db_index=False)
+    pool = _attribution_fk(Pool, db_index=False)
+    team = _attribution_fk(Team, db_index=False)
+    site = _attribution_fk(Site, db_index=False)
 
     class Meta:
         abstract = True
@@ -314,15 +332,18 @@ class HourlyUsage(UsageSums, Attribution):
         return f"gpu {self.gpu_id} @ {self.hour:%Y-%m-%d %H}h"
 
 
-class WorkloadHourlyUsage(Attribution):
+class WorkloadHourlyUsage(UnindexedAttribution):
     """One workload on one GPU over one UTC hour: the sums its figures are built from (docs/
     metrics.md, "Workloads"). ``gpu_s`` is Σ share_s, ``air_s`` Σ air_s and ``energy_j`` Σ the
     sample's energy × share_s / seconds. ``node``/``pool``/``team``/``site`` are the GPU's
     attribution in that hour, as its HourlyUsage row holds it. Kept by the same rollup run as
     HourlyUsage (telemetry/sql/rollup_workloads.*.sql). Seconds and joules only: no money."""
 
-    workload = models.ForeignKey(Workload, on_delete=models.DO_NOTHING, db_constraint=False)
-    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
+    # The unique (gpu, hour, workload) serves lookups by GPU; by workload, the daily rows'.
+    workload = models.ForeignKey(
+        Workload, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False
+    )
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False)
     hour = models.DateTimeField()
     samples = models.IntegerField(default=0)
     gpu_s = models.FloatField(default=0, help_text="Σ share_s: the workload's GPU seconds")
@@ -333,7 +354,7 @@ class WorkloadHourlyUsage(Attribution):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["workload", "gpu", "hour"], name="telemetry_workload_gpu_hour"
+                fields=["gpu", "hour", "workload"], name="telemetry_workload_gpu_hour"
             )
         ]
         indexes = [models.Index(fields=["hour"], name="telemetry_workload_hour")]
@@ -342,7 +363,7 @@ class WorkloadHourlyUsage(Attribution):
         return f"workload {self.workload_id} on gpu {self.gpu_id} @ {self.hour:%Y-%m-%d %H}h"
 
 
-class WorkloadDailyUsage(Attribution):
+class WorkloadDailyUsage(UnindexedAttribution):
     """One workload on one GPU over one local day of the report time zone, per attribution:
     the sums of its ``WorkloadHourlyUsage`` rows of that day. A read-side pre-aggregate, so
     the Workloads page reads a row per job-day rather than per job-hour, as ``DailyUsage`` is

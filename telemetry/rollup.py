@@ -228,6 +228,10 @@ def _recompute(batch: list[dt.datetime], *, active_util_pct: float) -> tuple[int
     contiguous = len(batch) == (hi - lo) // HOUR
     with connection.cursor() as cursor:
         if _is_postgres():
+            # The batch's sums group a sample per row into a row per (GPU, hour); with the
+            # default 4 MB of work_mem the planner sorts the samples on disk first (a day of
+            # 1,000 GPUs: 365 MB), with this it hashes them in ~40 MB. This transaction only.
+            cursor.execute("SELECT set_config('work_mem', '128MB', true)")
             cursor.execute(
                 _sql("rollup_upsert.postgresql"),
                 {
@@ -241,16 +245,22 @@ def _recompute(batch: list[dt.datetime], *, active_util_pct: float) -> tuple[int
             )
             row = cursor.fetchone()
             assert row is not None
-            # The workloads' rows after the GPUs': they take the GPU-hour's attribution.
-            # Their sums group about two rows per sample; with the default 4 MB the planner
-            # sorts them on disk (a day of 1,000 GPUs with two workloads per sample: 230 MB,
-            # 10 s), with this it hashes them in ~40 MB (4–7 s). This transaction only.
-            cursor.execute("SELECT set_config('work_mem', '128MB', true)")
-            cursor.execute(
-                _sql("rollup_workloads.postgresql"),
-                {"hours": batch, "lo": lo, "hi": hi, "contiguous": contiguous, "now": now},
-            )
-            written, deleted = int(row[0]), int(row[1])
+            written, deleted, pair_gpus, pair_hours = int(row[0]), int(row[1]), row[2], row[3]
+            if pair_gpus:
+                # The workloads' rows of the (GPU, hour)s the upsert could not sum from its
+                # own scan, after the GPUs' rows: they take the GPU-hour's attribution.
+                cursor.execute(
+                    _sql("rollup_workloads.postgresql"),
+                    {
+                        "lo": lo,
+                        "hi": hi,
+                        "contiguous": contiguous,
+                        "hours": batch,
+                        "now": now,
+                        "pair_gpus": pair_gpus,
+                        "pair_hours": pair_hours,
+                    },
+                )
             workload_daily_refresh(batch)
             return written, deleted
         hours_json = json.dumps([_sqlite_text(h) for h in batch])

@@ -1,6 +1,7 @@
--- rollup_workloads (PostgreSQL): recompute the hourly per-workload per-GPU rollup rows of one
--- batch of UTC hours from the workloads of the raw samples, in one statement, right after
--- rollup_upsert in the same transaction (its hourly rows give the attribution).
+-- rollup_workloads (PostgreSQL): recompute the hourly per-workload per-GPU rollup rows of the
+-- (GPU, hour)s that rollup_upsert could not sum from its own scan (their samples name different
+-- workloads, or more than two), from the workloads of the raw samples, in one statement, right
+-- after rollup_upsert in the same transaction (its hourly rows give the attribution).
 --
 --   per      the batch's counting samples that name workloads (the same window, in-service
 --            and energy rules as rollup_upsert: a sample counts wholly in its start's hour);
@@ -12,7 +13,8 @@
 --            that hour, as rollup_upsert stored it; only changed rows are rewritten;
 --   seen     moves each workload's first and last seen (never back: an hour re-rolled after
 --            raw retention dropped its samples keeps what it had).
--- Parameters: as rollup_upsert. Returns (rows written, rows deleted).
+-- Parameters: as rollup_upsert, and pair_gpus / pair_hours: the (GPU, hour)s to sum, as
+-- rollup_upsert returned them. Returns (rows written, rows deleted).
 WITH per AS (
     SELECT
         s.gpu_id,
@@ -34,6 +36,10 @@ WITH per AS (
       AND (g.in_service_at IS NULL OR s.start >= g.in_service_at)
       AND (g.retired_at IS NULL OR s.start < g.retired_at)
       AND s.workload_ids IS NOT NULL
+      AND s.gpu_id = ANY(%(pair_gpus)s::bigint[])
+      AND (s.gpu_id, date_trunc('hour', s.start, 'UTC')) IN (
+          SELECT * FROM unnest(%(pair_gpus)s::bigint[], %(pair_hours)s::timestamptz[])
+      )
 ),
 w AS (
     SELECT per.gpu_id, per.hour, per.start, per.d, x.workload_id, x.share, x.air,
@@ -51,7 +57,9 @@ agg AS MATERIALIZED (
 ),
 stale AS (
     DELETE FROM telemetry_workloadhourlyusage AS wu
-    WHERE wu.hour = ANY(%(hours)s::timestamptz[])
+    WHERE (wu.gpu_id, wu.hour) IN (
+              SELECT * FROM unnest(%(pair_gpus)s::bigint[], %(pair_hours)s::timestamptz[])
+          )
       AND NOT EXISTS (
           SELECT 1 FROM agg
           WHERE agg.workload_id = wu.workload_id AND agg.gpu_id = wu.gpu_id

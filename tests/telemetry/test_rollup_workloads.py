@@ -217,3 +217,100 @@ def test_an_hour_without_profiling_has_none(make_gpu: Any, hour: dt.datetime) ->
     row = HourlyUsage.objects.get(gpu=gpu)
     assert (row.sm_observed_s, row.tensor_observed_s, row.sm_hours) == (0.0, 0.0, 0)
     assert (row.sm_occupancy_mean, row.dram_active_mean) == (None, None)
+
+
+def _workload_reference(rows: list[Any], in_service: dict[int, dt.datetime]) -> dict[Any, Any]:
+    """The workload rows worked out in Python from the samples, as docs/metrics.md defines
+    them: per (workload, GPU, hour) the samples that name it, Σ share_s, Σ air_s and Σ the
+    sample's energy × share_s / seconds; samples before the GPU's service start do not count."""
+    out: dict[Any, list[float]] = {}
+    for s in rows:
+        if s.workload_ids is None or s.start < in_service.get(s.gpu_id, s.start):
+            continue
+        hour = s.start.replace(minute=0, second=0, microsecond=0)
+        for wid, share, air in zip(
+            s.workload_ids, s.workload_share_s, s.workload_air_s, strict=True
+        ):
+            acc = out.setdefault((wid, s.gpu_id, hour), [0, 0.0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += share
+            acc[2] += air
+            acc[3] += s.energy_j * share / s.seconds
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _workload_stored() -> dict[Any, Any]:
+    return {
+        (r.workload_id, r.gpu_id, r.hour): (r.samples, r.gpu_s, r.air_s, r.energy_j)
+        for r in WorkloadHourlyUsage.objects.all()
+    }
+
+
+def test_every_mix_of_workloads_in_an_hour_sums_as_the_reference(
+    fleet: dict[str, Any], make_gpu: Any, hour: dt.datetime
+) -> None:
+    """Seeded random hours of every kind the rollup tells apart (docs/benchmarks.md,
+    "Workloads"): the same workloads all hour, a job ending and another starting, the same
+    jobs listed in another order, more than four sharing, samples without workloads or with
+    an empty list between; delivered in two halves (the hours re-rolled with more samples),
+    then a GPU's service start moved into an hour. Every row equals the Python reference.
+    Values on a binary grid, so every sum is exact whatever the order of addition."""
+    import random
+
+    from telemetry.pending import hours_mark
+
+    rng = random.Random(14)
+    ids = [
+        Workload.objects.create(
+            site=fleet["site_a"], kind="slurm", key=f"r{i}", created_at=timezone.now()
+        ).pk
+        for i in range(8)
+    ]
+    gpus = [make_gpu() for _ in range(4)]
+    hours = [hour + dt.timedelta(hours=h) for h in range(3)]
+    kinds = ["same", "switch", "order", "many", "gaps"]
+    rows = []
+    for gpu in gpus:
+        for h in hours:
+            kind = rng.choice(kinds)
+            sets = {
+                "same": [rng.sample(ids, 2)],
+                "switch": [rng.sample(ids, 1), rng.sample(ids, 2)],
+                "order": [[ids[0], ids[1]], [ids[1], ids[0]]],
+                "many": [rng.sample(ids, 6)],
+                "gaps": [rng.sample(ids, 3), None, []],
+            }[kind]
+            for minute in range(0, 60, 4):
+                chosen = sets[(minute // 20) % len(sets)]
+                share = [rng.choice([15.0, 30.0, 60.0]) for _ in chosen or []]
+                rows.append(
+                    sample(
+                        gpu,
+                        h + dt.timedelta(minutes=minute),
+                        util=50.0,
+                        energy_j=rng.choice([6_000.0, 12_000.0, 24_000.0]),
+                        workload_ids=chosen,
+                        workload_share_s=share if chosen is not None else None,
+                        workload_air_s=[s / 2 for s in share] if chosen is not None else None,
+                    )
+                )
+    rng.shuffle(rows)
+    samples_ingest(rows[: len(rows) // 2])
+    rollup_run()
+    assert _workload_stored() == _workload_reference(rows[: len(rows) // 2], {})
+    samples_ingest(rows[len(rows) // 2 :])
+    rollup_run()
+    assert _workload_stored() == _workload_reference(rows, {})
+    moved = hours[1] + dt.timedelta(minutes=30)
+    type(gpus[0]).objects.filter(pk=gpus[0].pk).update(in_service_at=moved)
+    hours_mark(hours)
+    rollup_run()
+    assert _workload_stored() == _workload_reference(rows, {gpus[0].pk: moved})
+    seen = dict(Workload.objects.filter(pk__in=ids).values_list("pk", "last_seen_at"))
+    for wid in ids:
+        ends = [
+            s.start + dt.timedelta(seconds=s.seconds)
+            for s in rows
+            if s.workload_ids and wid in s.workload_ids
+        ]
+        assert seen[wid] == (max(ends) if ends else None)
