@@ -18,10 +18,11 @@ from django.urls import reverse
 from billing.dashboard import DashboardFilters, dashboard_filters
 from billing.formatting import money, num, pct
 from billing.views import _can_view_costs, _card, _context, _money_card
+from billing.workload_page import workload_account_figures, workload_page_figures
 from billing.workloads import (
+    UNASSIGNED,
     WorkloadFilters,
     WorkloadRow,
-    workload_accounts,
     workload_figures,
     workload_figures_by,
 )
@@ -66,15 +67,26 @@ def _filters(
 
 
 def workload_table(
-    rows: list[WorkloadRow], show_money: bool, qs: str = "", limit: int | None = None
+    rows: list[WorkloadRow],
+    show_money: bool,
+    qs: str = "",
+    limit: int | None = None,
+    filter_by: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows as the tables show them; a viewer's carry no money and come worst held first."""
+    """Rows as the tables show them; a viewer's carry no money and come worst held first.
+    ``filter_by`` ("user", "account"): rows of users or accounts, each linking to the
+    Workloads page filtered by it (else a row of one workload links to its page)."""
     if not show_money:
         rows = sorted(rows, key=lambda r: (-r.held_hours, r.key))
     out = []
     for r in rows[:limit]:
         url = ""
-        if r.workload_pk is not None and r.day is None and r.gpu_uuid is None:
+        if filter_by is not None:
+            if r.key != UNASSIGNED:
+                url = f"{reverse('workloads')}?{qs}{'&' if qs else ''}" + urlencode(
+                    {filter_by: r.key}
+                )
+        elif r.workload_pk is not None and r.day is None and r.gpu_uuid is None:
             url = reverse("workload-detail", args=[r.workload_pk]) + (f"?{qs}" if qs else "")
         out.append(
             {
@@ -113,18 +125,16 @@ def workloads(request: HttpRequest) -> HttpResponse:
     flt = dashboard_filters(request.GET)
     show_money = _can_view_costs(request)
     filters, own, errors = _filters(flt, request.GET)
-    figures = workload_figures_by(
+    page = workload_page_figures(
         start=flt.start,
         end=flt.end_exclusive,
-        group_bys=("workload", "user", "account"),
         filters=filters,
-        limits={"workload": LIST_ROWS},
+        limit=LIST_ROWS,
         worst="idle_cost" if show_money else "held_hours",
     )
-    rows, users, accounts = figures["workload"], figures["user"], figures["account"]
+    rows, users, accounts, total = page.workloads, page.users, page.accounts, page.total
     # The totals from the users' rows: every workload has exactly one user (or none), and
     # the workloads' list holds only the worst of them.
-    total = sum(u.workloads for u in users)
     keep = list(own.items())
     cur = flt.currency
     cards = [
@@ -178,8 +188,12 @@ def workloads(request: HttpRequest) -> HttpResponse:
             rows=workload_table(rows, show_money, flt.querystring),
             total=total,
             shown=len(rows),
-            users=workload_table(users, show_money, limit=GROUP_ROWS),
-            accounts=workload_table(accounts, show_money, limit=GROUP_ROWS),
+            users=workload_table(
+                users, show_money, flt.querystring, limit=GROUP_ROWS, filter_by="user"
+            ),
+            accounts=workload_table(
+                accounts, show_money, flt.querystring, limit=GROUP_ROWS, filter_by="account"
+            ),
             csv_url=f"/api/v1/workloads?{api}&format=csv",
         ),
     )
@@ -260,12 +274,7 @@ def overview_workloads(
         teams=flt.filters.teams,
         models=flt.filters.models,
     )
-    if filters.teams:  # a workload's team follows its rules: the full path
-        accounts = workload_figures(
-            start=flt.start, end=flt.end_exclusive, group_by="account", filters=filters
-        )
-    else:
-        accounts = workload_accounts(start=flt.start, end=flt.end_exclusive, filters=filters)
+    accounts = workload_account_figures(start=flt.start, end=flt.end_exclusive, filters=filters)
     explained = sum(r.held_hours for r in accounts)
     share = min(1.0, explained / held_hours) if held_hours > 0 else None
     return {

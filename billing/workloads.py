@@ -90,6 +90,40 @@ def team_rules_load() -> list[TeamRule]:
     ]
 
 
+# The workload's fields the rules match, as lookups from a workload rollup row.
+_RULE_LOOKUPS = {
+    "account": "workload__account",
+    "user": "workload__user_name",
+    "kind": "workload__kind",
+    "id": "workload__key",
+}
+
+
+def team_filtered(qs: Any, teams: Sequence[str]) -> Any:
+    """Workload rollup rows of these teams (names; ``UNASSIGNED``: rows without a team), each
+    row's team being that of the first ``[[workload_teams]]`` rule that matches its workload,
+    else its own: :func:`team_rule_match` as an SQL expression, for reads that filter by team
+    in the database rather than per workload in Python. No teams: ``qs`` as it is."""
+    if not teams:
+        return qs
+    whens = []
+    for rule in team_rules_load():
+        lookup = _RULE_LOOKUPS[rule.match_field]
+        if rule.pattern.endswith("*"):
+            condition = Q(**{f"{lookup}__startswith": rule.pattern[:-1]})
+        else:
+            condition = Q(**{lookup: rule.pattern})
+        whens.append(When(condition, then=Value(rule.team_id)))
+    team: Any = F("team_id")
+    if whens:
+        team = Case(*whens, default=F("team_id"), output_field=IntegerField())
+    ids = list(Team.objects.filter(name__in=teams).values_list("pk", flat=True))
+    allowed = Q(rule_team__in=ids)
+    if UNASSIGNED in teams:
+        allowed |= Q(rule_team__isnull=True)
+    return qs.annotate(rule_team=team).filter(allowed)
+
+
 # --- what callers ask and get ---------------------------------------------------------------
 @dataclass(frozen=True)
 class WorkloadFilters:
@@ -225,6 +259,7 @@ def _parts(
     per_hour: bool,
     owner: str = "workload_id",
     gpu_ids: list[int] | None = None,
+    teams_in_sql: bool = False,
 ) -> list[_Part]:
     """Σ of the hourly workload rows in the window per (workload, GPU, team, site[, hour]).
 
@@ -237,6 +272,8 @@ def _parts(
     )
     if gpu_ids is not None:
         qs = qs.filter(gpu_id__in=gpu_ids)
+    if teams_in_sql:  # parts of no workload (per owner): the team filter applied here
+        qs = team_filtered(qs, filters.teams)
     hour: Any
     if per_hour:
         hour = F("hour")
@@ -538,12 +575,14 @@ def _window_read(
     per_day: bool,
     per_gpu: bool,
     owner: str = "workload_id",
+    pricing: dict[int, _Pricing] | None = None,
 ) -> tuple[FleetSettings, tuple[dt.datetime, dt.datetime], dict[int, _Pricing], list[_Part]]:
     """What every figure of a window starts from: the fleet settings, the window in UTC, each
-    GPU's pricing and the window's parts (``_parts_read``)."""
+    GPU's pricing (``pricing``: as a caller already read it) and the window's parts
+    (``_parts_read``)."""
     fleet_settings = FleetSettings.load()
     window_start, window_end = _window(start, end, fleet_settings.report_zone)
-    pricing = _pricing_load()
+    pricing = pricing if pricing is not None else _pricing_load()
     parts = _parts_read(
         start=start,
         end=end,
@@ -603,11 +642,13 @@ def workload_figures_by(
     filters: WorkloadFilters | None = None,
     limits: Mapping[str, int] | None = None,
     worst: str = "idle_cost",
+    pricing: dict[int, _Pricing] | None = None,
 ) -> dict[str, list[WorkloadRow]]:
     """``workload_figures`` for several groupings from one read of the rollups (a page that
     shows workloads, users and accounts reads them once). ``limits``: per grouping, only its
     first rows, worst first by ``worst`` (``idle_cost``, or ``held_hours`` for a page without
-    money): a page of 200 out of 45,000 workloads builds 200 rows."""
+    money): a page of 200 out of 45,000 workloads builds 200 rows. ``pricing``: each GPU's
+    pricing, where the caller has read it already (``_pricing_load``)."""
     if worst not in ("idle_cost", "held_hours"):
         raise ValueError("worst: idle_cost or held_hours")
     if end <= start:
@@ -622,6 +663,7 @@ def workload_figures_by(
         filters=filters,
         per_day="day" in group_bys,
         per_gpu="gpu" in group_bys,
+        pricing=pricing,
     )
     zone = fleet_settings.report_zone
     out: dict[str, list[WorkloadRow]] = {g: [] for g in group_bys}
@@ -695,6 +737,21 @@ def workload_accounts(
         teams_allowed=frozenset(),
         lean=True,
     )
+    return _owner_rows(buckets, currency=fleet_settings.currency, field="account")
+
+
+def _owner_rows(
+    buckets: Iterable[_Bucket],
+    *,
+    currency: str,
+    field: str,
+    gpus: Mapping[str, int] | None = None,
+    workloads: Mapping[str, int] | None = None,
+) -> list[WorkloadRow]:
+    """Rows of lean buckets (owned by a user or an account, ``field``, rather than by a
+    workload) summed per owner, worst first: their hours and money, their distinct GPUs
+    (``gpus``, else the buckets' GPUs) and workloads (else 0); no kind, name, team, site or
+    seen times."""
     groups: dict[str, _Acc] = {}
     for bucket in buckets:
         groups.setdefault(bucket.workload_id or UNASSIGNED, _Acc()).add(bucket)
@@ -702,17 +759,18 @@ def workload_accounts(
     for key, acc in groups.items():
         gpu_h = cm.hours_from_seconds(seconds=acc.gpu_s)
         air_h = cm.hours_from_seconds(seconds=acc.air_s)
+        value = None if key == UNASSIGNED else key
         rows.append(
             WorkloadRow(
                 key=key,
                 kind=None,
                 name=None,
-                user=None,
-                account=None if key == UNASSIGNED else key,
+                user=value if field == "user" else None,
+                account=value if field == "account" else None,
                 team=None,
                 site=None,
-                gpus=len(acc.gpu_ids),
-                workloads=0,
+                gpus=gpus.get(key, 0) if gpus is not None else len(acc.gpu_ids),
+                workloads=workloads.get(key, 0) if workloads is not None else 0,
                 workload_pk=None,
                 first_seen=None,
                 last_seen=None,
@@ -723,7 +781,7 @@ def workload_accounts(
                 energy_kwh=float(cm.kwh_from_joules(energy_j=acc.energy_j)),
                 cost=acc.cost,
                 idle_cost=acc.idle_cost,
-                currency=fleet_settings.currency,
+                currency=currency,
                 priced=acc.priced,
             )
         )

@@ -391,6 +391,32 @@ class WorkloadDailyUsage(UnindexedAttribution):
         return f"workload {self.workload_id} on gpu {self.gpu_id} @ {self.day:%Y-%m-%d}"
 
 
+class WorkloadNodeDailyUsage(UnindexedAttribution):
+    """One workload on one node over one local day, per attribution: the sums of its
+    ``WorkloadDailyUsage`` rows of that day, with the GPUs they cover (``gpu_ids``, sorted). A
+    job holds its node's GPUs together, so this is a row per job-day rather than per
+    job-GPU-day (56,000 rows instead of 448,000 for 45,000 jobs of 8 GPUs over 90 days): the
+    Workloads page ranks every workload of the window from it, wherever its GPUs all have one
+    rate (billing/workload_page.py). PostgreSQL only; kept and rebuilt with
+    ``WorkloadDailyUsage`` (telemetry.rollup). Seconds and joules only: no money here."""
+
+    workload = models.ForeignKey(
+        Workload, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False
+    )
+    day = models.DateField()
+    gpu_ids = NumberArrayField(base="int8")
+    gpu_s = models.FloatField(default=0)
+    air_s = models.FloatField(default=0)
+    energy_j = models.FloatField(default=0)
+    held_energy_j = models.FloatField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["day"], name="telemetry_workload_node_day")]
+
+    def __str__(self) -> str:
+        return f"workload {self.workload_id} on node {self.node_id} @ {self.day:%Y-%m-%d}"
+
+
 class WorkloadDailyState(models.Model):
     """The one row saying which time zone's days ``WorkloadDailyUsage`` holds. No row (a
     flushed database, rows written other than by the rollup): the table is not in use and the

@@ -42,8 +42,12 @@ def test_workloads_page_for_finance(
     assert "0.81" in table and "0.45" in table and "0.09" in table
     users = html[html.index('id="user-table"') : html.index('id="account-table"')]
     assert _ordered(users, ">carol<", ">alice<", ">bob<")
+    # A user links to the page filtered by them, and shows their workloads (alice: 1).
+    assert 'user=alice">alice<' in users and 'href="/workloads/?' in users
+    assert 'data-label="Workloads">1<' in users
     accounts = html[html.index('id="account-table"') :]
     assert "1.26" in accounts and "0.90" in accounts
+    assert 'data-label="Workloads">2<' in accounts  # nlp: jobs 101 and 103
     assert 'id="workloads-csv"' in html and "format=csv" in html
     kpi = html[html.index('id="kpi-workloads"') :]
     assert kpi[kpi.index('class="value"') :].startswith('class="value">3<')
