@@ -374,6 +374,108 @@ def workloads_compare(
         "workload rows"
     )
     print(f"ratio with / without workloads: {with_ / without:.2f} (goal <= 1.30)")
+    workloads_floor(gpu_ids, lo, hi, arrays, rounds)
+
+
+def _gpu_statement(*, position_sums: bool) -> str:
+    """The rollup's statement with its workload parts cut out: the GPUs' rows alone, from the
+    same scan (``position_sums``: plus the six sums two workloads need, share, air and
+    energy per position, and nothing else). Cut at its own lines, so a change to the
+    statement fails here rather than measuring something else."""
+    from telemetry.rollup import _sql
+
+    sql = _sql("rollup_upsert.postgresql")
+
+    def cut(text: str, first: str, last: str, keep: str = "") -> str:
+        i, j = text.index(first), text.index(last) + len(last)
+        return text[:i] + keep + text[j:]
+
+    sums = (
+        "        , s.workload_share_s[1] AS wl_s1, s.workload_share_s[2] AS wl_s2,\n"
+        "        s.workload_air_s[1] AS wl_a1, s.workload_air_s[2] AS wl_a2\n"
+    )
+    sql = cut(sql, "        s.start,\n        -- The workloads by position", "AS wl_a2\n",
+              sums if position_sums else "")  # fmt: skip
+    sql = sql.replace(") AS thr_any,\n", ") AS thr_any\n", 1)
+    agg = (
+        "        , sum(wl_s1), sum(wl_s2), sum(wl_a1), sum(wl_a2),\n"
+        "        sum(energy * wl_s1 / d), sum(energy * wl_s2 / d)\n"
+    )
+    sql = cut(sql, ",\n        -- The workloads (wl_fast)", "AS wl_last\n",
+              "\n" + agg if position_sums else "\n")  # fmt: skip
+    rest = sql.index("wl_fast AS MATERIALIZED (")
+    sql = sql[:rest] + "SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM stale)"
+    return sql.replace("    RETURNING 1\n),\nSELECT (SELECT", "    RETURNING 1\n)\nSELECT (SELECT")
+
+
+def workloads_floor(
+    gpu_ids: list[int], lo: dt.datetime, hi: dt.datetime, arrays: Any, rounds: int
+) -> None:
+    """What any design that keeps a row per workload, GPU and hour must spend: the GPUs'
+    statement alone on the samples without and with the workloads' arrays (wider rows), that
+    statement plus the six sums two workloads need, and writing the 48,000 workload rows
+    alone (precomputed). Each in a transaction rolled back, best of ``rounds``."""
+    from fleet.models import FleetSettings
+
+    params = {
+        "hours": [
+            lo + dt.timedelta(hours=h) for h in range(int((hi - lo) / dt.timedelta(hours=1)))
+        ],
+        "lo": lo,
+        "hi": hi,
+        "contiguous": True,
+        "active_util_pct": FleetSettings.load().active_util_pct,
+        "now": timezone.now(),
+    }
+
+    def best(sql: str, args: Any) -> float:
+        times = []
+        for _ in range(rounds):
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('work_mem', '128MB', true)")
+                t = time.perf_counter()
+                cursor.execute(sql, args)
+                times.append(time.perf_counter() - t)
+                transaction.set_rollback(True)
+        return min(times)
+
+    gpu_only, six_sums = _gpu_statement(position_sums=False), _gpu_statement(position_sums=True)
+    arrays(False)
+    bare = best(gpu_only, params)
+    arrays(True)
+    wide = best(gpu_only, params)
+    summed = best(six_sums, params)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE TEMPORARY TABLE bench_workload_rows AS
+            SELECT x.workload_id, s.gpu_id, date_trunc('hour', s.start, 'UTC') AS hour,
+                   count(*)::int AS samples, sum(x.share) AS gpu_s, sum(x.air) AS air_s
+            FROM telemetry_sample AS s
+            CROSS JOIN LATERAL unnest(s.workload_ids, s.workload_share_s, s.workload_air_s)
+                AS x(workload_id, share, air)
+            WHERE s.start >= %s AND s.start < %s
+            GROUP BY 1, 2, 3
+            """,
+            [lo, hi],
+        )
+    write = best(
+        """
+        INSERT INTO telemetry_workloadhourlyusage (workload_id, gpu_id, hour, samples, gpu_s,
+                                                   air_s, energy_j, computed_at)
+        SELECT workload_id, gpu_id, hour, samples, gpu_s, air_s, gpu_s, now()
+        FROM bench_workload_rows
+        ON CONFLICT (workload_id, gpu_id, hour) DO NOTHING
+        """,
+        None,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE bench_workload_rows")
+    print(f"floor: the GPUs' statement alone, no workloads {bare:6.2f} s")
+    print(f"floor:   the same samples with two workloads {wide:6.2f} s ({wide / bare:.2f}x)")
+    print(f"floor:   plus the six sums of two workloads {summed:6.2f} s ({summed / bare:.2f}x)")
+    print(f"floor:   writing the workload rows alone {write:6.2f} s ({write / bare:.2f}x)")
+    print(f"floor with no other work: {(summed + write) / bare:.2f}x (the goal: <= 1.30)")
 
 
 def timed(fn: Any) -> tuple[float, Any]:

@@ -7,7 +7,9 @@ Everything comes from the environment (documented in docker/.env.example). With 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import django_stubs_ext
 import environ
@@ -114,6 +116,27 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 
+# The memory each sort or hash of one of the app's queries may use before it spills to disk
+# (PostgreSQL's work_mem, for every connection the app opens): the pages' per-GPU sums over a
+# year of 1,000 GPUs hash in ~3 MB but are planned for ~7 MB, and with PostgreSQL's 4 MB
+# default are sorted instead, 1.8x slower (docs/benchmarks.md). The rollup and the Workloads
+# page set more for their own transactions.
+DATABASE_WORK_MEM = env_str("DATABASE_WORK_MEM", "32MB")
+if not re.fullmatch(r"[1-9][0-9]*(kB|MB|GB)", DATABASE_WORK_MEM):
+    raise ImproperlyConfigured("DATABASE_WORK_MEM: a size such as 32MB (kB, MB or GB)")
+
+
+def _postgres_options(database: dict[str, Any], *server_settings: str) -> None:
+    """Add ``-c name=value`` server settings to a PostgreSQL connection's ``options``."""
+    options = database.setdefault("OPTIONS", {})
+    options["options"] = " ".join(
+        [*filter(None, [options.get("options", "")]), *(f"-c {s}" for s in server_settings)]
+    )
+
+
+if IS_POSTGRES:
+    _postgres_options(DATABASES["default"], f"work_mem={DATABASE_WORK_MEM}")
+
 # Optional PostgreSQL streaming replica for the pages', the finance API's and the weekly
 # report's reads (config/replica.py, docs/deploy.md "Read replica").
 DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL", "")
@@ -136,7 +159,7 @@ if DATABASE_REPLICA_URL:
     # A replica that is away costs the request that checks it this long (libpq's minimum is 2).
     _options["connect_timeout"] = env_int("REPLICA_CONNECT_TIMEOUT", 2)
     # A write sent there by mistake fails loudly, also on a server that is no standby.
-    _options.setdefault("options", "-c default_transaction_read_only=on")
+    _postgres_options(_replica, "default_transaction_read_only=on", f"work_mem={DATABASE_WORK_MEM}")
     # Test runs have no replica of their test database: the alias reads the same one.
     _replica["TEST"] = {"MIRROR": "default"}
     DATABASES["replica"] = _replica

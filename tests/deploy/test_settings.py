@@ -8,6 +8,9 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,7 +179,10 @@ def test_a_replica_url_adds_a_read_only_replica_that_tests_mirror() -> None:
     assert result.returncode == 0, result.stderr
     host, port, name, options, test, health, routers, sticky = json.loads(result.stdout)
     assert (host, int(port), name) == ("standby", 5433, "gpufleet")
-    assert options == {"connect_timeout": 2, "options": "-c default_transaction_read_only=on"}
+    assert options == {
+        "connect_timeout": 2,
+        "options": "-c default_transaction_read_only=on -c work_mem=32MB",
+    }
     assert test == {"MIRROR": "default"} and health is True
     assert routers == ["config.replica.ReplicaRouter"]
     assert sticky == 3 + 2 + 1  # the lag limit plus the check interval, plus a second
@@ -197,3 +203,35 @@ def test_a_replica_needs_postgresql() -> None:
     )
     assert result.returncode != 0
     assert "DATABASE_REPLICA_URL needs PostgreSQL" in result.stderr
+
+
+def test_every_postgresql_connection_gets_the_work_mem_setting(db: Any) -> None:
+    """DATABASE_WORK_MEM (default 32MB) reaches the server with each connection: the pages'
+    per-GPU sums hash rather than sort (docs/benchmarks.md, issue 19)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("a PostgreSQL server setting")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW work_mem")
+        assert cursor.fetchone()[0] == "32MB"
+
+
+def test_a_work_mem_that_is_no_size_is_refused() -> None:
+    result = run(
+        [sys.executable, "-c", "from django.conf import settings as s; s.DATABASES"],
+        _settings_env(DATABASE_URL="postgres://app@primary:5432/gpufleet", DATABASE_WORK_MEM="1"),
+    )
+    assert result.returncode != 0 and "DATABASE_WORK_MEM" in result.stderr
+    result = run(
+        [
+            sys.executable,
+            "-c",
+            "from django.conf import settings as s;"
+            " print(s.DATABASES['default']['OPTIONS']['options'])",
+        ],
+        _settings_env(
+            DATABASE_URL="postgres://app@primary:5432/gpufleet", DATABASE_WORK_MEM="256MB"
+        ),
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "-c work_mem=256MB"
