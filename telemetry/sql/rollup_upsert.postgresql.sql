@@ -164,14 +164,16 @@ written AS (
     RETURNING 1
 ),
 wl_fast AS MATERIALIZED (
-    SELECT (ARRAY[agg.wl_id1, agg.wl_id2])[i] AS workload_id, agg.gpu_id, agg.hour, agg.wl_samples AS samples,
-           (ARRAY[agg.wl_s1, agg.wl_s2])[i] AS gpu_s,
-           (ARRAY[agg.wl_a1, agg.wl_a2])[i] AS air_s,
-           (ARRAY[agg.wl_e1, agg.wl_e2])[i] AS energy_j,
+    SELECT (ARRAY[agg.wl_id1, agg.wl_id2])[pos.i] AS workload_id, agg.gpu_id, agg.hour,
+           agg.wl_samples AS samples,
+           (ARRAY[agg.wl_s1, agg.wl_s2])[pos.i] AS gpu_s,
+           (ARRAY[agg.wl_a1, agg.wl_a2])[pos.i] AS air_s,
+           (ARRAY[agg.wl_e1, agg.wl_e2])[pos.i] AS energy_j,
            agg.wl_first AS first_start, agg.wl_last AS last_end
     FROM agg
-    CROSS JOIN LATERAL generate_series(1, agg.wl_n) AS i
-    WHERE agg.wl_same
+    -- Positions 1 and 2 (a VALUES list: the planner counts two rows, not generate_series' 1,000).
+    CROSS JOIN (VALUES (1), (2)) AS pos(i)
+    WHERE agg.wl_same AND pos.i <= agg.wl_n
 ),
 -- The (gpu, hour)s with workloads that wl_fast cannot sum: rollup_workloads' part.
 wl_mixed AS MATERIALIZED (
@@ -205,7 +207,9 @@ wl_written AS (
     JOIN fleet_gpu AS g ON g.id = f.gpu_id
     JOIN fleet_node AS n ON n.id = g.node_id
     LEFT JOIN fleet_pool AS p ON p.id = n.pool_id
-    LEFT JOIN telemetry_hourlyusage AS hu ON hu.gpu_id = f.gpu_id AND hu.hour = f.hour
+    -- The stored rows of this batch's span only, by the hour index, whatever the plan.
+    LEFT JOIN telemetry_hourlyusage AS hu
+        ON hu.gpu_id = f.gpu_id AND hu.hour = f.hour AND hu.hour >= %(lo)s AND hu.hour < %(hi)s
     ON CONFLICT (workload_id, gpu_id, hour) DO UPDATE SET
         samples = excluded.samples,
         gpu_s = excluded.gpu_s,

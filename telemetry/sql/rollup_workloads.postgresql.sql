@@ -75,7 +75,8 @@ written AS (
     SELECT agg.workload_id, agg.gpu_id, agg.hour, hu.node_id, hu.pool_id, hu.team_id,
            hu.site_id, agg.samples, agg.gpu_s, agg.air_s, agg.energy_j, %(now)s
     FROM agg
-    LEFT JOIN telemetry_hourlyusage AS hu ON hu.gpu_id = agg.gpu_id AND hu.hour = agg.hour
+    LEFT JOIN telemetry_hourlyusage AS hu
+        ON hu.gpu_id = agg.gpu_id AND hu.hour = agg.hour AND hu.hour >= %(lo)s AND hu.hour < %(hi)s
     ON CONFLICT (workload_id, gpu_id, hour) DO UPDATE SET
         samples = excluded.samples,
         gpu_s = excluded.gpu_s,
