@@ -401,9 +401,9 @@ def _gpu_statement(*, position_sums: bool) -> str:
         "        , sum(wl_s1), sum(wl_s2), sum(wl_a1), sum(wl_a2),\n"
         "        sum(energy * wl_s1 / d), sum(energy * wl_s2 / d)\n"
     )
-    sql = cut(sql, ",\n        -- The workloads (wl_fast)", "AS wl_last\n",
+    sql = cut(sql, ",\n        -- The workloads (wl_sums)", "AS wl_last\n",
               "\n" + agg if position_sums else "\n")  # fmt: skip
-    rest = sql.index("wl_fast AS MATERIALIZED (")
+    rest = sql.index("wl_sums AS MATERIALIZED (")
     sql = sql[:rest] + "SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM stale)"
     return sql.replace("    RETURNING 1\n),\nSELECT (SELECT", "    RETURNING 1\n)\nSELECT (SELECT")
 

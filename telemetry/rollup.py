@@ -111,8 +111,9 @@ _SQL_WIDTH = 100
 @cache
 def _column_lists() -> dict[str, tuple[list[str], str]]:
     """The column lists the SQL templates name, made from ``USAGE_SUMS`` and ``HOURLY_STATS``
-    (telemetry.models): name → (items, separator). Names and constant SQL from code only,
-    never values, so filling them in is not building SQL from input."""
+    (telemetry.models), and two shared fragments: name → (items, separator). Names and
+    constant SQL from code only, never values, so filling them in is not building SQL from
+    input."""
     sums = [c.name for c in USAGE_SUMS]
     hourly: list[RollupColumn] = [*USAGE_SUMS, *HOURLY_STATS]
     names = [c.name for c in hourly]
@@ -129,7 +130,20 @@ def _column_lists() -> dict[str, tuple[list[str], str]]:
         # The daily table: the sums of its hourly rows.
         "sum_columns": (sums, ", "),
         "sums": ([f"sum({n})" for n in sums], ", "),
+        # Statement fragments both workload statements use (sql/_<name>.postgresql.sql), a
+        # line each: the upsert's rewrite of changed rows only, and the move of first and
+        # last seen.
+        **{
+            name: (_fragment_lines(name), "\n")
+            for name in ("workload_upsert_conflict", "workload_seen")
+        },
     }
+
+
+def _fragment_lines(name: str) -> list[str]:
+    """A fragment's lines, less its leading comment (the placeholder's column indents them)."""
+    text = (SQL_DIR / f"_{name}.postgresql.sql").read_text()
+    return [line for line in text.splitlines() if line and not line.startswith("--")]
 
 
 def _column_list_fill(match: re.Match[str]) -> str:

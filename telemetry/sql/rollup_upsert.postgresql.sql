@@ -23,9 +23,10 @@
 --   wl_*     the workloads' hourly rows (telemetry.WorkloadHourlyUsage) of the usual hour, from the
 --            same scan: when every sample of a (gpu, hour) that names workloads names the same
 --            ones in the same order (at most two), their sums are summed here position by
---            position (wl_fast), the rows of these hours that no longer count are deleted
+--            position (wl_sums), the rows of these hours that no longer count are deleted
 --            (wl_stale), the rest upserted with the GPU-hour's attribution (wl_written), and
---            the workloads' first and last seen moved (wl_seen). The other hours (a job ended
+--            the workloads' first and last seen moved (wl_seen; the upsert's conflict clause
+--            and wl_seen are fragments shared with rollup_workloads). The other hours (a job ended
 --            and another began, more than two sharing) are returned, and rollup_workloads sums
 --            them by unnesting each sample's arrays. One read of the samples, not two
 --            (docs/benchmarks.md, "Workloads").
@@ -88,7 +89,7 @@ WITH per AS (
                      COALESCE(s.throttle_hw_slowdown_s, 0), COALESCE(s.throttle_other_s, 0))
         ) AS thr_any,
         s.start,
-        -- The workloads by position, for wl_fast: the first two (NULL past the end).
+        -- The workloads by position, for wl_sums: the first two (NULL past the end).
         cardinality(s.workload_ids) AS wl_n,
         s.workload_ids[1] AS wl_id1, s.workload_ids[2] AS wl_id2,
         s.workload_share_s[1] AS wl_s1, s.workload_share_s[2] AS wl_s2,
@@ -115,7 +116,7 @@ agg AS MATERIALIZED (
         hour,
         -- USAGE_SUMS' sums, then HOURLY_STATS' means and maxima: never an average of averages.
         {hourly_values},
-        -- The workloads (wl_fast): an hour is summed here when every sample in it that names
+        -- The workloads (wl_sums): an hour is summed here when every sample in it that names
         -- workloads names the same ones in the same order, at most two; their sums per
         -- position. (PostgreSQL computes each aggregate written twice once.)
         count(wl_n) AS wl_samples,
@@ -163,7 +164,7 @@ written AS (
         )
     RETURNING 1
 ),
-wl_fast AS MATERIALIZED (
+wl_sums AS MATERIALIZED (
     SELECT (ARRAY[agg.wl_id1, agg.wl_id2])[pos.i] AS workload_id, agg.gpu_id, agg.hour,
            agg.wl_samples AS samples,
            (ARRAY[agg.wl_s1, agg.wl_s2])[pos.i] AS gpu_s,
@@ -175,7 +176,7 @@ wl_fast AS MATERIALIZED (
     CROSS JOIN (VALUES (1), (2)) AS pos(i)
     WHERE agg.wl_same AND pos.i <= agg.wl_n
 ),
--- The (gpu, hour)s with workloads that wl_fast cannot sum: rollup_workloads' part.
+-- The (gpu, hour)s with workloads that wl_sums cannot sum: rollup_workloads' part.
 wl_mixed AS MATERIALIZED (
     SELECT gpu_id, hour
     FROM agg
@@ -185,7 +186,7 @@ wl_stale AS (
     DELETE FROM telemetry_workloadhourlyusage AS wu
     WHERE wu.hour = ANY(%(hours)s::timestamptz[])
       AND NOT EXISTS (
-          SELECT 1 FROM wl_fast AS f
+          SELECT 1 FROM wl_sums AS f
           WHERE f.workload_id = wu.workload_id AND f.gpu_id = wu.gpu_id AND f.hour = wu.hour
       )
       AND NOT EXISTS (SELECT 1 FROM wl_mixed AS m WHERE m.gpu_id = wu.gpu_id AND m.hour = wu.hour)
@@ -203,35 +204,17 @@ wl_written AS (
            CASE WHEN hu.gpu_id IS NULL THEN COALESCE(g.team_id, p.team_id) ELSE hu.team_id END,
            CASE WHEN hu.gpu_id IS NULL THEN COALESCE(n.site_id, p.site_id) ELSE hu.site_id END,
            f.samples, f.gpu_s, f.air_s, f.energy_j, %(now)s
-    FROM wl_fast AS f
+    FROM wl_sums AS f
     JOIN fleet_gpu AS g ON g.id = f.gpu_id
     JOIN fleet_node AS n ON n.id = g.node_id
     LEFT JOIN fleet_pool AS p ON p.id = n.pool_id
     -- The stored rows of this batch's span only, by the hour index, whatever the plan.
     LEFT JOIN telemetry_hourlyusage AS hu
         ON hu.gpu_id = f.gpu_id AND hu.hour = f.hour AND hu.hour >= %(lo)s AND hu.hour < %(hi)s
-    ON CONFLICT (workload_id, gpu_id, hour) DO UPDATE SET
-        samples = excluded.samples,
-        gpu_s = excluded.gpu_s,
-        air_s = excluded.air_s,
-        energy_j = excluded.energy_j,
-        computed_at = excluded.computed_at
-        WHERE (
-            telemetry_workloadhourlyusage.samples, telemetry_workloadhourlyusage.gpu_s,
-            telemetry_workloadhourlyusage.air_s, telemetry_workloadhourlyusage.energy_j
-        ) IS DISTINCT FROM (excluded.samples, excluded.gpu_s, excluded.air_s, excluded.energy_j)
+    {workload_upsert_conflict}
 ),
 wl_seen AS (
-    UPDATE telemetry_workload AS wl
-    SET first_seen_at = LEAST(wl.first_seen_at, x.first_start),
-        last_seen_at = GREATEST(wl.last_seen_at, x.last_end)
-    FROM (
-        SELECT workload_id, min(first_start) AS first_start, max(last_end) AS last_end
-        FROM wl_fast GROUP BY workload_id
-    ) AS x
-    WHERE wl.id = x.workload_id
-      AND (wl.first_seen_at IS NULL OR x.first_start < wl.first_seen_at
-           OR wl.last_seen_at IS NULL OR x.last_end > wl.last_seen_at)
+    {workload_seen}
 )
 SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM stale),
        (SELECT array_agg(gpu_id) FROM wl_mixed), (SELECT array_agg(hour) FROM wl_mixed)
