@@ -91,8 +91,8 @@ def workload_page_figures(
     ``workload_figures(group_by="workload")`` ranks them; users and accounts with the figures
     the page shows (no kind, name, team or seen times: those are the workloads')."""
     settings = FleetSettings.load()
-    days = _daily_days(start, end, settings.report_time_zone)
-    if connections[WorkloadDailyUsage.objects.db].vendor != "postgresql" or days is None:
+    days = _statement_days(start, end, settings)
+    if days is None:
         return _page_in_full(start=start, end=end, filters=filters, limit=limit, worst=worst)
     window = _window(start, end, settings.report_zone)
     pricing = _pricing_load()
@@ -167,15 +167,21 @@ def workload_account_figures(
     first (the overview's panel): from the page's statement where it can run, else summed per
     account (``workload_accounts``), or per workload where a team filter needs each
     workload's rules."""
-    settings = FleetSettings.load()
-    if (
-        connections[WorkloadDailyUsage.objects.db].vendor == "postgresql"
-        and _daily_days(start, end, settings.report_time_zone) is not None
-    ):
+    if _statement_days(start, end, FleetSettings.load()) is not None:
         return workload_page_figures(start=start, end=end, filters=filters, limit=0).accounts
     if filters.teams:
         return workload_figures(start=start, end=end, group_by="account", filters=filters)
     return workload_accounts(start=start, end=end, filters=filters)
+
+
+def _statement_days(
+    start: dt.date, end: dt.date, settings: FleetSettings
+) -> tuple[dt.date, dt.date] | None:
+    """The local days the statement reads, where it can run: PostgreSQL, and daily rows that
+    answer for the window; else None."""
+    if connections[WorkloadDailyUsage.objects.db].vendor != "postgresql":
+        return None
+    return _daily_days(start, end, settings.report_time_zone)
 
 
 def _page_in_full(
@@ -234,11 +240,11 @@ def _coefficients(
     pricing: dict[int, _Pricing],
     split: Sequence[int],
     window: tuple[dt.datetime, dt.datetime],
+    classes: dict[int, int],
     worst: str,
 ) -> _Coefficients:
-    """For ``held_hours``, a held second counts 1 and a joule 0: the bounds are held seconds."""
-    classes = {g: rep for rep, members in _rate_classes(pricing, list(split), window).items()
-               for g in members}  # fmt: skip
+    """``classes``: each GPU's class representative (``_class_of``). For ``held_hours``, a
+    held second counts 1 and a joule 0: the bounds are held seconds."""
     # No NULL in the arrays: PostgreSQL finds an element of an array with NULLs by counting
     # the ones before it. A GPU id without a GPU (a gap): its own class, no rate.
     size = max(pricing, default=0)
@@ -361,13 +367,17 @@ WHERE n.gpu_ids::text = ANY(%s::text[])
 """
 
 
+def _class_of(
+    pricing: dict[int, _Pricing], split: Sequence[int], window: tuple[dt.datetime, dt.datetime]
+) -> dict[int, int]:
+    """Each GPU whose rate does not change in the window → the representative of its rate
+    class (``_rate_classes``); the others are not in it."""
+    classes = _rate_classes(pricing, list(split), window)
+    return {gpu: rep for rep, members in classes.items() for gpu in members}
+
+
 def _rows(
-    *,
-    days: tuple[dt.date, dt.date],
-    filters: WorkloadFilters,
-    pricing: dict[int, _Pricing],
-    split: Sequence[int],
-    window: tuple[dt.datetime, dt.datetime],
+    *, days: tuple[dt.date, dt.date], filters: WorkloadFilters, classes: dict[int, int]
 ) -> tuple[str, list[Any], str]:
     """The statement's rows of the window, filtered: (SQL, parameters, database alias).
 
@@ -383,8 +393,6 @@ def _rows(
         sql, params = rows.query.get_compiler(using=rows.db).as_sql()
         return sql, list(params), rows.db
     nodes = WorkloadNodeDailyUsage.objects.filter(day__gte=days[0], day__lt=days[1])
-    classes = {g: rep for rep, members in _rate_classes(pricing, list(split), window).items()
-               for g in members}  # fmt: skip
     mixed = []  # the GPU lists of node rows whose GPUs do not all have one rate
     for ids in nodes.values_list("gpu_ids", flat=True).distinct():
         reps = {classes.get(g) for g in ids}
@@ -428,9 +436,9 @@ def _grouped_sums(
     limit: int,
     worst: str,
 ) -> _Sums:
-    rows_sql, rows_params, db = _rows(days=days, filters=filters, pricing=pricing, split=split,
-                                      window=window)  # fmt: skip
-    coefficients = _coefficients(pricing, split, window, worst)
+    classes = _class_of(pricing, split, window)
+    rows_sql, rows_params, db = _rows(days=days, filters=filters, classes=classes)
+    coefficients = _coefficients(pricing, split, window, classes, worst)
     params = [*coefficients.params(), *rows_params, max(limit - 1, 0), TOLERANCE]
     out = _Sums([], [], [], {"user": {}, "account": {}})
     with transaction.atomic(using=db), connections[db].cursor() as cursor:
