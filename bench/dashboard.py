@@ -306,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
+    from billing.api.views import cursor_token
     from fleet.models import Gpu
     from fleet.roles import role_assign
 
@@ -332,8 +333,12 @@ def run(args: argparse.Namespace) -> int:
         "&api_price_per_mtok=0.60&rental_rate_per_hour=2.35",
         "gpu detail": f"/gpus/{gpu_uuid}/?{rng}",
         # The finance API's first JSON page (limit 100) over the whole window; the end date
-        # is exclusive there.
+        # is exclusive there. Cursor pages (the default); one from the middle of the window
+        # (what following `next` costs); and limit/offset pages, which count every row.
         "api gpu/day": f"/api/v1/costs?{api_rng}&group_by=gpu&period=day",
+        "api gpu/day, mid cursor": f"/api/v1/costs?{api_rng}&group_by=gpu&period=day"
+        f"&cursor={cursor_token((first + (last - first) / 2, '', ''))}",
+        "api gpu/day, offset+count": f"/api/v1/costs?{api_rng}&group_by=gpu&period=day&offset=0",
         "api team/month": f"/api/v1/costs?{api_rng}&group_by=team&period=month",
     }
     print(f"\npages over {args.days} days, {args.gpus} GPUs, {args.repeat} requests each:")

@@ -349,9 +349,13 @@ class CostRowSerializer(serializers.Serializer[Any]):
 
 
 class CostPageSerializer(serializers.Serializer[Any]):
-    count = serializers.IntegerField()
-    next = serializers.URLField(allow_null=True)
-    previous = serializers.URLField(allow_null=True)
+    count = serializers.IntegerField(
+        required=False, help_text="Every row of the range (limit/offset pages only)"
+    )
+    next = serializers.URLField(allow_null=True, help_text="The next page; null on the last")
+    previous = serializers.URLField(
+        allow_null=True, required=False, help_text="limit/offset pages only"
+    )
     results = CostRowSerializer(many=True)
 
 

@@ -6,17 +6,21 @@ and the weekly email call, and is only rounded here for the wire.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
-from collections.abc import Iterable, Iterator
+import json
+from collections.abc import Iterator
 from typing import Any
 
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import viewsets
+from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from billing import focus, selectors
@@ -87,26 +91,65 @@ def cost_rows_chunked(
     )
 
 
-class CostRowPagination(Pagination):
-    """Limit/offset over a stream of rows: counts them all (for ``count``) but keeps only the
-    page. The order is the selectors' (period_start, key), so pages are stable. Bad values
-    answer 400 naming the parameter (config.api.Pagination)."""
+class RowPagination(Pagination):
+    """Limit/offset pages of computed rows (a list), with ``count``: up to 10,000 a page."""
 
     max_limit = 10_000
 
-    def paginate_iterable(self, rows: Iterable[Any], request: Request) -> list[Any]:
+
+class CostRowPagination(RowPagination):
+    """The costs' JSON pages. By default a cursor: ``next`` carries the place of the page's
+    last row, and the next page is computed from its bucket on (no ``count``, forward only),
+    so each page costs what its rows cost. With ``offset``, limit/offset pages with ``count``
+    as before: every row of the range is computed to be counted (only the page's are priced).
+    The order is the selectors' (period_start, key), so pages are stable either way. Bad
+    values answer 400 naming the parameter (config.api.Pagination)."""
+
+    cursor_query_param = "cursor"
+
+    def read(self, request: Request) -> tuple[int, int | None, selectors.RowPlace | None]:
+        """(limit, offset or None for a cursor page, the cursor's place), or 400."""
         self.request = request
-        limit = self.get_limit(request)
-        self.limit = limit if limit is not None else (self.default_limit or 100)
-        self.offset = self.get_offset(request)
-        page: list[Any] = []
-        count = 0
-        for row in rows:
-            if self.offset <= count < self.offset + self.limit:
-                page.append(row)
-            count += 1
+        self.limit = self.get_limit(request) or self.default_limit or 100
+        raw = request.query_params.get(self.cursor_query_param)
+        if self.offset_query_param in request.query_params:
+            if raw is not None:
+                raise ValidationError({"cursor": ["give either cursor or offset, not both"]})
+            self.offset = self.get_offset(request)
+            return self.limit, self.offset, None
+        return self.limit, None, None if raw is None else cursor_place(raw)
+
+    def counted_response(self, count: int, results: list[Any]) -> Response:
         self.count = count
-        return page
+        return self.get_paginated_response(results)
+
+    def cursor_response(
+        self, request: Request, place: selectors.RowPlace | None, results: list[Any]
+    ) -> Response:
+        following = None
+        if place is not None:
+            url = request.build_absolute_uri()
+            following = replace_query_param(url, self.cursor_query_param, cursor_token(place))
+        return Response({"next": following, "results": results})
+
+
+def cursor_token(place: selectors.RowPlace) -> str:
+    """A place as an opaque URL-safe token (base64 of a JSON list)."""
+    raw = json.dumps([place[0].isoformat(), place[1], place[2]], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def cursor_place(text: str) -> selectors.RowPlace:
+    try:
+        day, key, adjusts = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        place = (dt.date.fromisoformat(day), key, adjusts)
+        if not (isinstance(key, str) and isinstance(adjusts, str)):
+            raise TypeError(key)
+    except (ValueError, TypeError):
+        raise ValidationError(
+            {"cursor": ["not a cursor of this API: follow `next` as given"]}
+        ) from None
+    return place
 
 
 class FinanceAPIView(APIView):
@@ -138,7 +181,9 @@ class CostsView(FinanceAPIView):
         summary="Usage and cost rows per group and period",
         description=(
             "One row per group and period over [start, end) (dates in the report time zone). "
-            "JSON is paginated (limit/offset; stable order: period_start, key). CSV "
+            "JSON is paginated in a stable order (period_start, key): by a cursor (follow "
+            "`next`; each page computes only its rows), or with `offset` by limit/offset "
+            "with `count` (every row of the range is computed to be counted). CSV "
             "(`format=csv` or `Accept: text/csv`) streams every row with the same columns. "
             "Grouped by team, each row names the team's `cost_center` after its `name`. "
             "Money fields are decimal strings with two decimals, rounded half-up, in "
@@ -148,7 +193,16 @@ class CostsView(FinanceAPIView):
             CostsQuerySerializer,
             OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
             OpenApiParameter("limit", OpenApiTypes.INT, description="Rows per page (JSON)"),
-            OpenApiParameter("offset", OpenApiTypes.INT, description="First row (JSON)"),
+            OpenApiParameter(
+                "cursor",
+                OpenApiTypes.STR,
+                description="Where the page starts: the token in the previous page's `next`",
+            ),
+            OpenApiParameter(
+                "offset",
+                OpenApiTypes.INT,
+                description="First row (JSON): limit/offset pages with `count` instead of a cursor",
+            ),
         ],
         responses={
             (200, "application/json"): CostPageSerializer,
@@ -163,20 +217,20 @@ class CostsView(FinanceAPIView):
         query.is_valid(raise_exception=True)
         params = query.validated_data
         paginator = CostRowPagination()
-        paginator.get_limit(request), paginator.get_offset(request)  # 400 before any work
+        limit, offset, after = paginator.read(request)  # 400 before any work
         filters = selectors.Filters(
             sites=tuple(params.get("site", ())),
             pools=tuple(params.get("pool", ())),
             teams=tuple(params.get("team", ())),
             models=tuple(params.get("model", ())),
         )
-        rows = cost_rows_chunked(
-            start=params["start"],
-            end=params["end"],
-            group_by=params["group_by"],
-            period=params["period"],
-            filters=filters,
-        )
+        wanted = {
+            "start": params["start"],
+            "end": params["end"],
+            "group_by": params["group_by"],
+            "period": params["period"],
+            "filters": filters,
+        }
         # Grouped by team, each row names its team's cost centre (chargeback).
         centers = team_cost_centers() if params["group_by"] == "team" else None
         if request.accepted_renderer.format == "csv":
@@ -184,15 +238,22 @@ class CostsView(FinanceAPIView):
                 params["start"], params["end"], params["group_by"], params["period"]
             )
             return csv_response(
-                (cost_row_data(row, zone=zone, cost_centers=centers) for row in rows),
+                (
+                    cost_row_data(row, zone=zone, cost_centers=centers)
+                    for row in cost_rows_chunked(**wanted)
+                ),
                 columns=cost_columns(params["group_by"]),
                 text_columns=COST_TEXT_COLUMNS,
                 filename=filename,
             )
-        page = paginator.paginate_iterable(rows, request)
-        return paginator.get_paginated_response(
-            [cost_row_data(r, zone=zone, cost_centers=centers) for r in page]
-        )
+        if offset is None:
+            rows, place = selectors.cost_rows_after(**wanted, after=after, limit=limit)
+            data = [cost_row_data(r, zone=zone, cost_centers=centers) for r in rows]
+            return paginator.cursor_response(request, place, data)
+        parts = period_chunks(params["start"], params["end"], params["period"])
+        count, rows = selectors.cost_rows_counted(**wanted, parts=parts, offset=offset, limit=limit)
+        data = [cost_row_data(r, zone=zone, cost_centers=centers) for r in rows]
+        return paginator.counted_response(count, data)
 
 
 class FocusView(FinanceAPIView):

@@ -23,7 +23,7 @@ from billing.api.serializers import (
     money_str,
     num,
 )
-from billing.api.views import _ERRORS, CostRowPagination, FinanceAPIView
+from billing.api.views import _ERRORS, FinanceAPIView, RowPagination
 from billing.workloads import GROUP_BY, WorkloadFilters, WorkloadRow, workload_figures
 from fleet.models import Site, Team
 from fleet.selectors import team_cost_centers
@@ -197,7 +197,7 @@ class WorkloadsView(FinanceAPIView):
         query = WorkloadsQuerySerializer(data=request.query_params, context={"today": today})
         query.is_valid(raise_exception=True)
         params = query.validated_data
-        paginator = CostRowPagination()
+        paginator = RowPagination()
         paginator.get_limit(request), paginator.get_offset(request)  # 400 before any work
         filters = WorkloadFilters(
             kinds=tuple(params.get("kind", ())),
@@ -220,7 +220,7 @@ class WorkloadsView(FinanceAPIView):
                 text_columns=WORKLOAD_TEXT_COLUMNS,
                 filename=filename,
             )
-        page = paginator.paginate_iterable(rows, request)
+        page = paginator.paginate_queryset(rows, request) or []
         return paginator.get_paginated_response(
             [workload_row_data(r, zone=zone, cost_centers=centers) for r in page]
         )

@@ -25,8 +25,11 @@ Money is Decimal in full precision (round only when shown); hours are floats.
 from billing.selectors.breakeven import BreakevenResult, breakeven_compute, breakeven_workload
 from billing.selectors.costs import (
     FleetSummary,
+    RowPlace,
     cost_rows,
+    cost_rows_after,
     cost_rows_by,
+    cost_rows_counted,
     cost_rows_in_parts,
     fleet_overview,
     fleet_summary,
@@ -57,8 +60,11 @@ __all__ = [
     "UtilizationRow",
     "breakeven_compute",
     "breakeven_workload",
+    "RowPlace",
     "cost_rows",
+    "cost_rows_after",
     "cost_rows_by",
+    "cost_rows_counted",
     "cost_rows_in_parts",
     "fleet_overview",
     "fleet_summary",

@@ -4,15 +4,17 @@ summary and the overview."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 
 from billing import cost_model as cm
+from billing.selectors.calendar import _buckets
 from billing.selectors.closing import adjustment_negligible
 from billing.selectors.closing import compute as _compute
-from billing.selectors.loading import _load, _loaded_within
+from billing.selectors.loading import _load, _Loaded, _loaded_within
 from billing.selectors.sums import _kept
 from billing.selectors.types import (
     UNASSIGNED_NAME,
@@ -182,20 +184,56 @@ def _cost_row(
     )
 
 
-def _grouped(
-    computation: _Computation, group_by: str
-) -> dict[tuple[_Bucket, str, str | None], tuple[str, _Acc]]:
-    """Per bucket, group and adjusted month (None: the bucket's own figures; "YYYY-MM": the
-    adjustment for late data of that closed month, a row of its own)."""
-    groups: dict[tuple[_Bucket, str, str | None], tuple[str, _Acc]] = {}
+@dataclass
+class _Group:
+    """One row to be: a group's segments over one bucket, in the order they were computed
+    (its money is their accumulation in that order). ``adjusts``: None for the bucket's own
+    figures, "YYYY-MM" for the adjustment late data makes to that closed month (a row of its
+    own)."""
+
+    bucket: _Bucket
+    key: str
+    name: str
+    adjusts: str | None
+    segments: list[_Segment]
+    acc: _Acc | None = None  # accumulated already (an adjustment, to see whether it is a row)
+
+    def sort_key(self) -> tuple[dt.datetime, str, str]:
+        """The rows' order: period start, key, then the adjustments after the regular row."""
+        return self.bucket.local_start, self.key, self.adjusts or ""
+
+
+def _groups(computation: _Computation, group_by: str) -> list[_Group]:
+    """The rows of a computation, unpriced and in order: per bucket, group and adjusted
+    month. An adjustment is accumulated here (it is a row only where it is not negligible);
+    every other group is priced only when its row is made (``_row``), so a page prices only
+    the rows it shows."""
+    groups: dict[tuple[_Bucket, str, str | None], _Group] = {}
     for segment in computation.segments:
         key, name = _group(segment, group_by, computation.names)
         adjusts = f"{segment.adjusts:%Y-%m}" if segment.adjusts is not None else None
-        entry = groups.get((segment.bucket, key, adjusts))
-        if entry is None:
-            entry = groups[(segment.bucket, key, adjusts)] = (name, _Acc())
-        _accumulate(entry[1], segment, computation.names)
-    return groups
+        found = groups.get((segment.bucket, key, adjusts))
+        if found is None:
+            found = groups[(segment.bucket, key, adjusts)] = _Group(
+                segment.bucket, key, name, adjusts, []
+            )
+        found.segments.append(segment)
+    kept = []
+    for entry in groups.values():
+        if entry.adjusts is not None:
+            entry.acc = _accumulated(entry.segments, computation.names)
+            if adjustment_negligible(entry.acc):
+                continue
+        kept.append(entry)
+    kept.sort(key=_Group.sort_key)
+    return kept
+
+
+def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Acc:
+    acc = _Acc()
+    for segment in segments:
+        _accumulate(acc, segment, names)
+    return acc
 
 
 # --- public ---------------------------------------------------------------------------------
@@ -256,48 +294,157 @@ def cost_rows_in_parts(
     memory at a time. What every part reads before the rollups (settings, names, GPUs, their
     cost terms and rates) is read once for the whole range, with one ``now``: a year of
     months reads the fleet once, not twelve times."""
+    for computation, groups in _parts(start, end, parts, group_by, period, filters, now):
+        spans = _pooled_spans(computation)
+        yield from (_row(entry, computation, spans) for entry in groups)
+
+
+def cost_rows_counted(
+    *,
+    start: dt.date,
+    end: dt.date,
+    parts: Iterable[tuple[dt.date, dt.date]],
+    offset: int,
+    limit: int,
+    group_by: str = "gpu",
+    period: str = "all",
+    filters: Filters | None = None,
+    now: dt.datetime | None = None,
+) -> tuple[int, list[CostRow]]:
+    """How many rows ``cost_rows_in_parts`` gives, and its rows [offset, offset + limit):
+    every part is computed and its rows counted, but only the rows returned are priced."""
+    count, page = 0, []
+    for computation, groups in _parts(start, end, parts, group_by, period, filters, now):
+        spans = _pooled_spans(computation)
+        for entry in groups[max(0, offset - count) : max(0, offset + limit - count)]:
+            page.append(_row(entry, computation, spans))
+        count += len(groups)
+    return count, page
+
+
+# A row's place in the order of the rows: its bucket's key (the local date it starts), its
+# group's key, and the month it adjusts ("" for the bucket's own figures).
+RowPlace = tuple[dt.date, str, str]
+
+
+def cost_rows_after(
+    *,
+    start: dt.date,
+    end: dt.date,
+    after: RowPlace | None,
+    limit: int,
+    group_by: str = "gpu",
+    period: str = "all",
+    filters: Filters | None = None,
+    now: dt.datetime | None = None,
+) -> tuple[list[CostRow], RowPlace | None]:
+    """The first ``limit`` rows of ``cost_rows`` after the place ``after`` (None: from the
+    first), and the place of the last of them where more rows follow (else None).
+
+    Computes only the buckets it needs, from the first one at or after ``after``: one
+    bucket, then as many as the rows seen so far say will fill the page (at least twice as
+    many each time); prices only the rows it returns. A page of a year of daily GPU rows
+    costs one day's computation, not the year's."""
+    _validate(start=start, end=end, period=period, group_by=group_by)
+    filters = filters or Filters()
+    loaded = _load(start=start, end=end, filters=filters, now=now)
+    buckets = _buckets(start, end, period, loaded.zone)
+    first = 0
+    if after is not None:
+        while first < len(buckets) and buckets[first].key < after[0]:
+            first += 1
+    found: list[tuple[_Group, _Computation]] = []
+    size = 1
+    while first < len(buckets) and len(found) <= limit:
+        last = min(first + size, len(buckets))
+        part_start = max(start, buckets[first].key)
+        part_end = buckets[last].key if last < len(buckets) else end
+        computation = _part(loaded, part_start, part_end, period, filters)
+        groups = _groups(computation, group_by)
+        found += [
+            (entry, computation)
+            for entry in groups
+            if after is None or (entry.bucket.key, entry.key, entry.adjusts or "") > after
+        ]
+        per_bucket = len(groups) / (last - first)
+        wanted = math.ceil((limit + 1 - len(found)) / per_bucket) if per_bucket else 0
+        size = max(2 * size, wanted)
+        first = last
+    rows = [_row(entry, comp, _pooled_spans(comp)) for entry, comp in found[:limit]]
+    if len(found) <= limit:
+        return rows, None
+    entry = found[limit - 1][0]
+    return rows, (entry.bucket.key, entry.key, entry.adjusts or "")
+
+
+def _parts(
+    start: dt.date,
+    end: dt.date,
+    parts: Iterable[tuple[dt.date, dt.date]],
+    group_by: str,
+    period: str,
+    filters: Filters | None,
+    now: dt.datetime | None,
+) -> Iterator[tuple[_Computation, list[_Group]]]:
+    """Each part's computation and its rows unpriced, the fleet read once for all."""
     _validate(start=start, end=end, period=period, group_by=group_by)
     filters = filters or Filters()
     loaded = _load(start=start, end=end, filters=filters, now=now)
     for part_start, part_end in parts:
-        computation = _compute(
-            start=part_start,
-            end=part_end,
-            period=period,
-            filters=filters,
-            now=loaded.now,
-            loaded=_loaded_within(loaded, start=part_start, end=part_end),
-        )
-        yield from _rows(computation, group_by)
+        computation = _part(loaded, part_start, part_end, period, filters)
+        yield computation, _groups(computation, group_by)
+
+
+def _part(
+    loaded: _Loaded, start: dt.date, end: dt.date, period: str, filters: Filters
+) -> _Computation:
+    """The computation of [start, end), a part of the range ``loaded`` was read for."""
+    return _compute(
+        start=start,
+        end=end,
+        period=period,
+        filters=filters,
+        now=loaded.now,
+        loaded=_loaded_within(loaded, start=start, end=end),
+    )
 
 
 def _rows(computation: _Computation, group_by: str) -> list[CostRow]:
-    grouped = _grouped(computation, group_by)
-    if computation.pooled:
-        assert group_by == "fleet", "pooled segments stand for a class of GPUs, not one"
-        by_span: dict[tuple[dt.date, dt.date], set[int]] = defaultdict(set)
-        for gpu_id, span in computation.pooled.items():
-            by_span[span].add(gpu_id)  # few spans: most GPUs share one
-        for (bucket, _key, _adjusts), (_name, acc) in grouped.items():
-            for (first, last), ids in by_span.items():
-                if first <= bucket.key < last:
-                    acc.gpu_ids |= ids
-    rows = [
-        _cost_row(
-            acc,
-            key=key,
-            name=name,
-            local_start=bucket.local_start,
-            local_end=bucket.local_end,
-            currency=computation.currency,
-            closed=adjusts is None and bucket.key in computation.closed_buckets,
-            adjustment_for=adjusts,
-        )
-        for (bucket, key, adjusts), (name, acc) in grouped.items()
-        if adjusts is None or not adjustment_negligible(acc)
-    ]
-    rows.sort(key=lambda r: (r.period_start, r.key, r.adjustment_for or ""))
-    return rows
+    assert not computation.pooled or group_by == "fleet", "pooled segments are a class of GPUs"
+    spans = _pooled_spans(computation)
+    return [_row(entry, computation, spans) for entry in _groups(computation, group_by)]
+
+
+def _pooled_spans(computation: _Computation) -> dict[tuple[dt.date, dt.date], set[int]]:
+    """The pooled GPUs by the span of days they were pooled over (few spans: most GPUs share
+    one); none outside the overview's trend."""
+    spans: dict[tuple[dt.date, dt.date], set[int]] = defaultdict(set)
+    for gpu_id, span in computation.pooled.items():
+        spans[span].add(gpu_id)
+    return spans
+
+
+def _row(
+    entry: _Group,
+    computation: _Computation,
+    spans: dict[tuple[dt.date, dt.date], set[int]],
+) -> CostRow:
+    """A group's row: its segments accumulated through the cost model (and the GPUs that
+    pooled segments of its bucket stand for)."""
+    acc = entry.acc or _accumulated(entry.segments, computation.names)
+    for (first, last), ids in spans.items():
+        if first <= entry.bucket.key < last:
+            acc.gpu_ids |= ids
+    return _cost_row(
+        acc,
+        key=entry.key,
+        name=entry.name,
+        local_start=entry.bucket.local_start,
+        local_end=entry.bucket.local_end,
+        currency=computation.currency,
+        closed=entry.adjusts is None and entry.bucket.key in computation.closed_buckets,
+        adjustment_for=entry.adjusts,
+    )
 
 
 def fleet_trend(
@@ -327,13 +474,6 @@ class FleetSummary:
     recoverable_money_per_year: Decimal
     gpus_in_service: int
     gpus_offline_now: int  # in service, no sample in the last 15 minutes
-
-
-def _fleet_acc(computation: _Computation) -> _Acc:
-    acc = _Acc()
-    for segment in computation.segments:
-        _accumulate(acc, segment, computation.names)
-    return acc
 
 
 def fleet_summary(
@@ -372,7 +512,7 @@ def fleet_overview(
 
 
 def _summary(computation: _Computation, filters: Filters) -> FleetSummary:
-    acc = _fleet_acc(computation)
+    acc = _accumulated(computation.segments, computation.names)
     row = _cost_row(
         acc,
         key="fleet",

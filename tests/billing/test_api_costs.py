@@ -7,6 +7,7 @@ import datetime as dt
 import io
 from decimal import Decimal
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.db import connection
@@ -29,7 +30,8 @@ def test_costs_json_equals_the_worked_example(worked_example: Any, finance: Any)
     response = finance.get(COSTS, day_query())
     assert response.status_code == 200, response.content
     body = response.json()
-    assert (body["count"], body["next"], body["previous"]) == (1, None, None)
+    # A cursor page (the default): no count, no previous; the last page has no next.
+    assert body.keys() == {"next", "results"} and body["next"] is None
     (row,) = body["results"]
     # docs/metrics.md, by hand: 9 h in the air, 6 held, 5 parked, 4 offline of 24.
     assert row["key"] == "GPU-example" and row["name"] == "gpu-07#0"
@@ -134,7 +136,7 @@ def test_costs_group_by_period_and_filters(worked_example: Any, fleet: Any, fina
     repeated = finance.get(
         COSTS + "?pool=inference&pool=batch&" + "start=2026-03-02&end=2026-03-03"
     )
-    assert repeated.json()["count"] == 2
+    assert len(repeated.json()["results"]) == 2
     by_day = finance.get(
         COSTS, {"start": "2026-03-01", "end": "2026-03-04", "period": "day", "team": "research"}
     ).json()["results"]
@@ -144,19 +146,51 @@ def test_costs_group_by_period_and_filters(worked_example: Any, fleet: Any, fina
     ]
 
 
-def test_costs_pagination_is_stable(worked_example: Any, finance: Any) -> None:
+def test_costs_cursor_pages_are_stable(worked_example: Any, finance: Any) -> None:
     query = {"start": "2026-03-02", "end": "2026-03-09", "period": "day"}
     full = finance.get(COSTS, query).json()
-    assert full["count"] == 7
+    assert len(full["results"]) == 7 and full["next"] is None
     first = finance.get(COSTS, {**query, "limit": 3}).json()
-    assert first["count"] == 7 and first["previous"] is None
-    assert "offset=3" in first["next"] and "limit=3" in first["next"]
+    assert "cursor=" in first["next"] and "limit=3" in first["next"]
     second = finance.get(first["next"]).json()
     third = finance.get(second["next"]).json()
     assert third["next"] is None
     pages = first["results"] + second["results"] + third["results"]
     assert pages == full["results"]
     assert [r["period_start"][:10] for r in pages] == [f"2026-03-0{d}" for d in range(2, 9)]
+
+
+def test_costs_offset_pages_count_every_row(worked_example: Any, finance: Any) -> None:
+    query = {"start": "2026-03-02", "end": "2026-03-09", "period": "day"}
+    full = finance.get(COSTS, query).json()
+    first = finance.get(COSTS, {**query, "limit": 3, "offset": 0}).json()
+    assert first["count"] == 7 and first["previous"] is None
+    assert "offset=3" in first["next"] and "limit=3" in first["next"]
+    second = finance.get(first["next"]).json()
+    third = finance.get(second["next"]).json()
+    assert third["next"] is None and third["count"] == 7 and "offset=3" in third["previous"]
+    assert first["results"] + second["results"] + third["results"] == full["results"]
+    beyond = finance.get(COSTS, {**query, "offset": 7}).json()
+    assert (beyond["count"], beyond["results"]) == (7, [])
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ({"cursor": "not-a-cursor"}, "not a cursor"),
+        ({"cursor": "WyIyMDI2LTAzLTAyIiwxLCIiXQ"}, "not a cursor"),  # ["2026-03-02",1,""]
+        ({"cursor": "WyIyMDI2LTAzLTAyIiwiYSIsIiJd", "offset": "0"}, "not both"),
+        ({"limit": "0"}, "whole number"),
+        ({"offset": "-1"}, "whole number"),
+    ],
+)
+def test_costs_bad_pages_are_400_naming_the_parameter(
+    worked_example: Any, finance: Any, query: Any, message: str
+) -> None:
+    response = finance.get(COSTS, {"start": "2026-03-02", "end": "2026-03-09", **query})
+    assert response.status_code == 400
+    ((field, (text,)),) = response.json().items()
+    assert field in query and message in text
 
 
 @pytest.mark.parametrize(
@@ -332,12 +366,9 @@ def test_chunked_rows_equal_one_computation(
     assert sum((r.total_cost for r in chunked), Decimal(0)) > 0
 
 
-@pytest.mark.parametrize("group_by", ["gpu", "node", "team"])
-def test_parts_read_the_fleet_once_and_equal_each_part_alone(
-    worked_example: Any, fleet: Any, frozen: Any, group_by: Any
-) -> None:
-    # A GPU retired in February: the March part must not see it (its own load excludes it),
-    # January and February must.
+def _retired_in_february(worked_example: Any, fleet: Any) -> None:
+    """A second GPU on the worked example's node, 5 January to 10 February 12:00, with
+    samples on 6 and 20 January."""
     gone = fleet.gpu(
         "GPU-gone",
         node=worked_example.node,
@@ -348,6 +379,15 @@ def test_parts_read_the_fleet_once_and_equal_each_part_alone(
     fleet.save(
         [fleet.usage(gone, at(f"2026-01-{d:02d}T05"), observed_s=3600, air_s=1800) for d in (6, 20)]
     )
+
+
+@pytest.mark.parametrize("group_by", ["gpu", "node", "team"])
+def test_parts_read_the_fleet_once_and_equal_each_part_alone(
+    worked_example: Any, fleet: Any, frozen: Any, group_by: Any
+) -> None:
+    # A GPU retired in February: the March part must not see it (its own load excludes it),
+    # January and February must.
+    _retired_in_february(worked_example, fleet)
     start, end = dt.date(2026, 1, 1), dt.date(2026, 3, 9)
     parts = list(period_chunks(start, end, "day"))
     FleetSettings.load()  # its first load writes the row: not part of what is counted
@@ -374,3 +414,75 @@ def test_parts_read_the_fleet_once_and_equal_each_part_alone(
     # sites, profiles, GPUs; and on PostgreSQL the zone the daily table holds).
     load = 7 if connection.vendor == "postgresql" else 6
     assert len(alone_queries) - len(together_queries) == 2 * load
+
+
+@pytest.mark.parametrize(
+    ("group_by", "period", "limit"),
+    [
+        ("gpu", "day", 1),
+        ("gpu", "day", 2),
+        ("gpu", "day", 5),
+        ("team", "day", 3),
+        ("gpu", "week", 2),
+        ("node", "month", 1),
+        ("site", "all", 1),
+    ],
+)
+def test_cursor_pages_are_the_rows_of_the_whole(
+    worked_example: Any, fleet: Any, frozen: Any, group_by: str, period: str, limit: int
+) -> None:
+    # Two GPUs, one retired mid-range, over 68 days from a Thursday (a clipped first week):
+    # every page after the place of the one before, joined, is every row of the range, and
+    # only the rows returned are priced.
+    _retired_in_february(worked_example, fleet)
+    start, end = dt.date(2026, 1, 1), dt.date(2026, 3, 9)
+    whole = selectors.cost_rows(start=start, end=end, group_by=group_by, period=period)
+    pages, after, priced = [], None, []
+    real_row = costs_selectors._row
+
+    def counted_row(*args: Any) -> Any:
+        priced.append(args[0])
+        return real_row(*args)
+
+    with mock.patch.object(costs_selectors, "_row", counted_row):
+        while True:
+            rows, after = selectors.cost_rows_after(
+                start=start, end=end, after=after, limit=limit, group_by=group_by, period=period
+            )
+            assert len(rows) <= limit
+            pages.append(rows)
+            if after is None:
+                break
+    assert [row for page in pages for row in page] == whole
+    assert len(priced) == len(whole) and len(pages) == -(-len(whole) // limit)
+
+
+def test_a_cursor_page_computes_only_the_buckets_it_needs(
+    worked_example: Any, fleet: Any, frozen: Any
+) -> None:
+    # The worked example's GPU has one row a day from 2 March: the first page of two rows
+    # (and one more, to know a next page exists) computes one day, then two more (twice as
+    # many; at one row a day, two days fill it), never the range.
+    parts: list[tuple[dt.date, dt.date]] = []
+    real_compute = costs_selectors._compute
+
+    def recorded(**kwargs: Any) -> Any:
+        parts.append((kwargs["start"], kwargs["end"]))
+        return real_compute(**kwargs)
+
+    start, end = dt.date(2026, 3, 2), dt.date(2026, 3, 9)
+    with mock.patch.object(costs_selectors, "_compute", recorded):
+        rows, after = selectors.cost_rows_after(
+            start=start, end=end, after=None, limit=2, group_by="gpu", period="day"
+        )
+    assert [r.period_start.date() for r in rows] == [dt.date(2026, 3, 2), dt.date(2026, 3, 3)]
+    assert parts == [(start, dt.date(2026, 3, 3)), (dt.date(2026, 3, 3), dt.date(2026, 3, 5))]
+    assert after == (dt.date(2026, 3, 3), "GPU-example", "")
+    parts.clear()
+    with mock.patch.object(costs_selectors, "_compute", recorded):
+        rows, after = selectors.cost_rows_after(
+            start=start, end=end, after=after, limit=2, group_by="gpu", period="day"
+        )
+    # From the cursor's own bucket (a row of it may follow the cursor), then onwards.
+    assert [r.period_start.date() for r in rows] == [dt.date(2026, 3, 4), dt.date(2026, 3, 5)]
+    assert parts[0] == (dt.date(2026, 3, 3), dt.date(2026, 3, 4))

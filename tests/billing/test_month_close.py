@@ -93,6 +93,20 @@ def test_close_freezes_the_month_and_books_late_data_in_april(
     assert adjustment["air_hours"] == 4.0 and adjustment["offline_hours"] == -4.0
     assert adjustment["energy_kwh"] == 1.6 and adjustment["capacity_hours"] == 0.0
 
+    # Cursor pages of one row, over days: the adjustment follows 1 April's own row, on a page
+    # of its own, as it does among every row of the range.
+    by_day = {**MARCH_APRIL, "period": "day"}
+    every = april.get(COSTS, {**by_day, "limit": 1000, "offset": 0}).json()
+    assert every["count"] == 30 + 5 + 1 and every["next"] is None  # to 5 April, + adjustment
+    paged, page = [], april.get(COSTS, {**by_day, "limit": 1}).json()
+    while True:
+        paged += page["results"]
+        if page["next"] is None:
+            break
+        page = april.get(page["next"]).json()
+    assert paged == every["results"]
+    assert [r["adjustment_for"] for r in paged[29:32]] == [None, None, "2026-03"]
+
     # The difference a recomputation gives: reopen, and March is the frozen figure plus it.
     call_command("reopen_month", "2026-03", "--reason", "late batch from gpu-07", "--by", "bob")
     record.refresh_from_db()
