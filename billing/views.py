@@ -603,20 +603,22 @@ OFFLINE_CANDIDATE_HOURS = 1.0
 def _offline_by_day(
     flt: DashboardFilters, shown: list[str], days: list[dt.date]
 ) -> tuple[dict[str, list[float | None]], dict[str, list[float | None]]]:
-    """Offline and capacity hours of each GPU drawn, per day: the rows of the fleet board
-    (``cost_rows``), for the GPUs of this page that were offline at all. The range's totals
-    first (one row per GPU), then the days of those GPUs only: the days of every GPU drawn
-    cost the heatmap four times its time (bench/dashboard.py), for a few offline GPUs."""
+    """Offline and capacity hours of each GPU drawn, per day: the hours of the fleet board's
+    rows (``hours_rows``: ``cost_rows`` without the money), for the GPUs of this page that
+    were offline at all. The range's totals first (one row per GPU), then the days of those
+    GPUs only: the days of every GPU drawn cost the heatmap four times its time
+    (bench/dashboard.py), for a few offline GPUs; and a fleet that stopped reporting an hour
+    ago has every GPU offline."""
     if not shown:
         return {}, {}
     page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))
-    totals = selectors.cost_rows(
+    totals = selectors.hours_rows(
         start=flt.start, end=flt.end_exclusive, group_by="gpu", period="all", filters=page_only
     )
     offline_gpus = tuple(r.key for r in totals if r.offline_hours >= OFFLINE_CANDIDATE_HOURS)
     if not offline_gpus:
         return {}, {}
-    rows = selectors.cost_rows(
+    rows = selectors.hours_rows(
         start=flt.start,
         end=flt.end_exclusive,
         group_by="gpu",
@@ -635,10 +637,25 @@ def _offline_by_day(
     return offline, capacity
 
 
+# The hourly rollup columns the GPU page's charts draw (_hourly_points, _activity_points).
+_SERIES_FIELDS = (
+    "hour",
+    "air_s",
+    "power_w_mean",
+    "temp_c_max",
+    "throttle_any_s",
+    "sm_active_s",
+    "sm_observed_s",
+    "tensor_active_s",
+    "tensor_observed_s",
+    "dram_active_mean",
+)
+
+
 def _series_value(item: Any, name: str) -> Any:
     """A field of one point of a telemetry series: dicts and objects alike."""
     if isinstance(item, dict):
-        return item.get(name)
+        return item[name]  # a column left out of _SERIES_FIELDS fails here, not blank
     return getattr(item, name, None)
 
 
@@ -738,7 +755,11 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
         waiting.append("telemetry.selectors")
     else:
         start, end = range_bounds(flt)
-        series = list(gpu_hourly_series(gpu_id=gpu.pk, start=start, end=end))
+        # The charts' columns only, as dicts: a year is ~8,760 rows, and model instances of
+        # every column cost the page ~0.4 s.
+        series = list(
+            gpu_hourly_series(gpu_id=gpu.pk, start=start, end=end).values(*_SERIES_FIELDS)
+        )
         hourly = _hourly_points(series)
         if hourly["x"]:
             figures["chart-gpu-hourly"] = charts.gpu_timeseries(**hourly)

@@ -25,6 +25,7 @@ Money is Decimal in full precision (round only when shown); hours are floats.
 from billing.selectors.breakeven import BreakevenResult, breakeven_compute, breakeven_workload
 from billing.selectors.costs import (
     FleetSummary,
+    HoursRow,
     RowPlace,
     cost_rows,
     cost_rows_after,
@@ -34,6 +35,7 @@ from billing.selectors.costs import (
     fleet_overview,
     fleet_summary,
     fleet_trend,
+    hours_rows,
 )
 from billing.selectors.types import (
     GROUP_BY,
@@ -57,6 +59,7 @@ __all__ = [
     "CostRow",
     "Filters",
     "FleetSummary",
+    "HoursRow",
     "UtilizationRow",
     "breakeven_compute",
     "breakeven_workload",
@@ -69,6 +72,7 @@ __all__ = [
     "fleet_overview",
     "fleet_summary",
     "fleet_trend",
+    "hours_rows",
     "offline_now",
     "utilization_by_day",
     "utilization_listed",

@@ -276,3 +276,23 @@ def test_plotly_js_is_served_from_the_installed_package(client):
     assert response.status_code == 200
     body = b"".join(response.streaming_content)
     assert body == plotly_js_path().read_bytes()
+
+
+def test_gpu_page_hourly_chart_draws_each_rollup_hour(worked_example, finance):
+    # The chart reads the rollup columns as dicts (not model rows): each hour's utilisation
+    # (air / 36), power, temperature and throttling as the stored row has them.
+    import json
+
+    from telemetry.models import HourlyUsage
+
+    row = HourlyUsage.objects.filter(gpu=worked_example).order_by("hour").first()
+    row.power_w_mean, row.temp_c_max, row.throttle_any_s = 412.5, 71.0, 900.0
+    row.save()
+    html = finance.get(
+        reverse("gpu-detail", args=[worked_example.uuid]) + "?from=2026-03-02&to=2026-03-02"
+    ).content.decode()
+    found = re.search(r'<script id="chart-gpu-hourly" type="application/json">(.*?)</script>', html)
+    traces = json.loads(found.group(1))["data"]
+    util, power, temp, throttled = (t["y"][0] for t in traces[:4])
+    assert traces[0]["x"][0].startswith("2026-03-02T00:00")
+    assert (util, power, temp, throttled) == (round(row.air_s / 36, 1), 412.5, 71.0, 25.0)
