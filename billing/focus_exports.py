@@ -19,7 +19,7 @@ from django.utils import timezone
 from billing import focus
 from billing.api.csv import csv_stream
 from billing.models import FocusExport
-from billing.selectors.closing import month_after
+from billing.selectors.calendar import month_after
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import ClosedSegment, MonthClose
-from billing.selectors.closing import compute, month_after, segment_figures
+from billing.selectors.calendar import month_after
+from billing.selectors.closing import compute, segment_figures
 from billing.selectors.types import Filters
 from fleet.models import FleetSettings
 

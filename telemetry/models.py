@@ -485,6 +485,31 @@ class DailyUsage(UsageSums, Attribution):
         return f"gpu {self.gpu_id} @ {self.day:%Y-%m-%d}"
 
 
+class MonthlyUsage(UsageSums, Attribution):
+    """One GPU over one local calendar month of the report time zone, per attribution: the
+    sums of its ``DailyUsage`` rows of that month (so of its hourly rows).
+
+    A read-side pre-aggregate beside the daily one (issue 19): a year's figures per GPU read
+    12 rows instead of 365. Kept by the same trigger function as ``DailyUsage``, right after
+    the days it refreshed, in the same transaction (months of the days touched), and rebuilt
+    with it (:func:`telemetry.rollup.daily_usage_rebuild`); in the same zone
+    (``DailyUsageState``). Seconds and joules only: no money here.
+    """
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
+    month = models.DateField(help_text="The month's first day")
+    hours = models.IntegerField(default=0, help_text="HourlyUsage rows summed here")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["gpu", "month"], name="telemetry_monthly_gpu_month"),
+            models.Index(fields=["month"], name="telemetry_monthly_month"),
+        ]
+
+    def __str__(self) -> str:
+        return f"gpu {self.gpu_id} @ {self.month:%Y-%m}"
+
+
 class DailyUsageState(models.Model):
     """The one row saying which time zone's days ``DailyUsage`` holds. No row (SQLite, or a
     flushed database): the table is not in use and the selectors read hourly rows."""

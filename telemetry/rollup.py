@@ -571,7 +571,8 @@ def daily_zone_name(zone_name: str) -> str:
 
 def daily_usage_rebuild(*, zone_name: str | None = None) -> int:
     """Rebuild every ``DailyUsage`` row from the hourly rows, in ``zone_name`` (default: the
-    report time zone) → rows written. PostgreSQL only (SQLite reads hourly rows: 0).
+    report time zone), then every ``MonthlyUsage`` row from those → daily rows written.
+    PostgreSQL only (SQLite reads hourly rows: 0).
 
     Under the rollup lock and in one transaction, so no rollup writes hourly rows between the
     state row naming the new zone and the table holding its days; readers see the old table
@@ -587,10 +588,13 @@ def daily_usage_rebuild(*, zone_name: str | None = None) -> int:
         with connection.cursor() as cursor:
             # TRUNCATE would wait for every reader's lock; DELETE lets readers go on.
             cursor.execute("DELETE FROM telemetry_dailyusage")
+            cursor.execute("DELETE FROM telemetry_monthlyusage")
             DailyUsageState.objects.all().delete()
             DailyUsageState.objects.create(zone=zone, built_at=timezone.now())
             cursor.execute(_sql("daily_rebuild.postgresql"), {"zone": zone})
-            return int(cursor.rowcount)
+            written = int(cursor.rowcount)
+            cursor.execute(_sql("monthly_rebuild.postgresql"))
+            return written
 
 
 def daily_refresh_function_sql() -> str:

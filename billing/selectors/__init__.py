@@ -2,10 +2,13 @@
 API fields: docs/api.md).
 
 How a figure is made, and why this way:
-- Only hourly rollups (``telemetry.HourlyUsage``) are read, never the raw table; they are
-  summed in SQL per GPU, period bucket, stored attribution (node, pool, team, site as it was
-  in that hour) and depreciation phase. The number of queries is fixed (about eight),
-  whatever the number of GPUs.
+- Only rollups are read, never the raw table: on PostgreSQL the whole months of a window from
+  the monthly pre-aggregate (``telemetry.MonthlyUsage``, period ``all`` or ``month``), its
+  other whole days from the daily one (``telemetry.DailyUsage``), the day in progress and
+  the GPUs whose depreciation ends inside it from hourly rows (``telemetry.HourlyUsage``);
+  hourly rows only on SQLite. They are summed in SQL per GPU, period bucket, stored
+  attribution (node, pool, team, site as it was in that hour) and depreciation phase. The
+  number of queries is fixed (about eight), whatever the number of GPUs.
 - Capacity, offline hours and every cost come from ``billing.cost_model`` per GPU, in Python;
   groups (node, pool, team, site, model, fleet) are sums of those per-GPU pieces, so a group's
   figure is always the sum of its parts and ratios are ratios of sums.

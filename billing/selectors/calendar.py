@@ -14,6 +14,11 @@ def _local_midnight(day: dt.date, zone: dt.tzinfo) -> dt.datetime:
     return dt.datetime.combine(day, dt.time(), tzinfo=zone)
 
 
+def month_after(day: dt.date) -> dt.date:
+    """The first day of the month after ``day``'s."""
+    return (day.replace(day=1) + dt.timedelta(days=32)).replace(day=1)
+
+
 def _report_zone(name: str, start: dt.date, end: dt.date) -> dt.tzinfo:
     """The report zone, or a fixed whole-hour offset where its midnights are not on UTC hours
     within the query (rollups are hourly, so buckets must be made of whole UTC hours)."""

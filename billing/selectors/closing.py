@@ -23,7 +23,7 @@ from django.db.models import Q
 
 from billing import cost_model as cm
 from billing.models import ClosedSegment, MonthClose
-from billing.selectors.calendar import _bucket_key, _buckets
+from billing.selectors.calendar import _bucket_key, _buckets, month_after
 from billing.selectors.loading import _load, _Loaded
 from billing.selectors.sums import _compute, _segment_kept
 from billing.selectors.types import (
@@ -50,10 +50,6 @@ def adjustment_negligible(acc: _Acc) -> bool:
     return all(abs(v) < _NEGLIGIBLE for v in (*money, *hours)) and all(
         abs(v) < _NEGLIGIBLE for v in acc.sums.values()
     )
-
-
-def month_after(month: dt.date) -> dt.date:
-    return (month.replace(day=1) + dt.timedelta(days=32)).replace(day=1)
 
 
 def closed_months() -> dict[dt.date, int]:

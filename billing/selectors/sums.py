@@ -13,14 +13,14 @@ from django.db.models import Case, IntegerField, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
 
 from billing import cost_model as cm
-from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight
+from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight, month_after
 from billing.selectors.loading import _load, _Loaded
 from billing.selectors.pooled import _poolable, _pooled_segments
 from billing.selectors.types import Filters, _Computation, _GpuInfo, _NamesAndSiteTerms, _Segment
 from config.replica import read_cursor
 from fleet.models import Node
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
-from telemetry.models import DailyUsage, HourlyUsage
+from telemetry.models import DailyUsage, HourlyUsage, MonthlyUsage
 
 
 def _filtered(rows: QuerySet[Any], filters: Filters) -> QuerySet[Any]:
@@ -104,8 +104,27 @@ def _compute(
         hourly_from = _local_midnight(day, zone).astimezone(dt.UTC)
         if pooled and day > start and period == "day" and not _by_attribution(filters):
             pooled_days = _poolable(gpus, split_ids, start, day, zone)
+        months_from = months_to = start
+        if day > start and period in ("all", "month"):
+            # The whole months inside [start, day) from the monthly pre-aggregate (~30× fewer
+            # rows); the days before and after them from the daily one.
+            months_from = start if start.day == 1 else month_after(start)
+            months_to = max(months_from, day.replace(day=1))
+        if months_to > months_from:
+            monthlies = MonthlyUsage.objects.filter(month__gte=months_from, month__lt=months_to)
+            if split_ids:
+                monthlies = monthlies.exclude(gpu_id__in=split_ids)
+            fields = ["gpu_id", "node_id", "pool_id", "team_id", "site_id"]
+            if period == "month":
+                fields.append("month")
+            for row in _summed(_filtered(monthlies, filters), fields):
+                if "month" in row:
+                    row["bucket"] = row.pop("month")
+                sum_rows.append(row)
         if day > start:
             dailies = DailyUsage.objects.filter(day__gte=start, day__lt=day)
+            if months_to > months_from:
+                dailies = dailies.exclude(day__gte=months_from, day__lt=months_to)
             if split_ids:
                 dailies = dailies.exclude(gpu_id__in=split_ids)
             if pooled_days:

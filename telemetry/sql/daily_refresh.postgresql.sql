@@ -1,6 +1,7 @@
 -- telemetry_dailyusage_refresh (PostgreSQL): recompute the DailyUsage rows of these GPU-days
--- from their hourly rows. Called by the statement triggers on telemetry_hourlyusage (created
--- in migration 0101_dailyusage), so whatever writes hourly rows, the days it touched follow in
+-- from their hourly rows, then the MonthlyUsage rows of their months from the daily rows.
+-- Called by the statement triggers on telemetry_hourlyusage (created in migration
+-- 0101_dailyusage), so whatever writes hourly rows, the days and months it touched follow in
 -- the same transaction.
 --
 -- A template: the lists in braces are telemetry.models.USAGE_SUMS and their sums over the
@@ -42,5 +43,21 @@ BEGIN
      AND h.hour < ((k.day + 1)::timestamp AT TIME ZONE z) + interval '1 hour'
      AND (h.hour AT TIME ZONE z)::date = k.day
     GROUP BY h.gpu_id, k.day, h.node_id, h.pool_id, h.team_id, h.site_id;
+    -- The months of those days, the same way from their daily rows (0109_monthlyusage).
+    DELETE FROM telemetry_monthlyusage m
+    USING (SELECT DISTINCT u.gpu_id, date_trunc('month', u.day)::date AS month
+           FROM unnest(p_gpu, p_day) AS u(gpu_id, day)) k
+    WHERE m.gpu_id = k.gpu_id AND m.month = k.month;
+    INSERT INTO telemetry_monthlyusage (
+        gpu_id, month, node_id, pool_id, team_id, site_id, hours,
+        {sum_columns})
+    SELECT d.gpu_id, k.month, d.node_id, d.pool_id, d.team_id, d.site_id, sum(d.hours),
+           {sums}
+    FROM (SELECT DISTINCT u.gpu_id, date_trunc('month', u.day)::date AS month
+          FROM unnest(p_gpu, p_day) AS u(gpu_id, day)) k
+    JOIN telemetry_dailyusage d
+      ON d.gpu_id = k.gpu_id AND d.day >= k.month
+     AND d.day < (k.month + interval '1 month')::date
+    GROUP BY d.gpu_id, k.month, d.node_id, d.pool_id, d.team_id, d.site_id;
 END
 $fn$;

@@ -1,6 +1,7 @@
-"""telemetry.DailyUsage: the per-GPU, per-local-day sums of the hourly rollups (PostgreSQL).
+"""telemetry.DailyUsage and MonthlyUsage: the per-GPU sums of the hourly rollups per local day
+and per local month (PostgreSQL).
 
-Checked against an independent path: the hourly rows summed in Python by local day.
+Checked against an independent path: the hourly rows summed in Python by local day and month.
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ SUMS = USAGE_SUM_COLUMNS
 KEY = ("gpu_id", "day", "node_id", "pool_id", "team_id", "site_id")
 
 
-def hourly_by_day(zone: str) -> dict[tuple[Any, ...], dict[str, float]]:
-    """The independent path: every hourly row summed in Python by local day."""
+def hourly_by_day(zone: str, *, month: bool = False) -> dict[tuple[Any, ...], dict[str, float]]:
+    """The independent path: every hourly row summed in Python by local day (or month: the
+    key's date is then the month's first day)."""
     from telemetry.models import HourlyUsage
 
     out: dict[tuple[Any, ...], dict[str, float]] = defaultdict(lambda: dict.fromkeys(SUMS, 0.0))
     tz = ZoneInfo(zone)
     for r in HourlyUsage.objects.values("gpu_id", "hour", *KEY[2:], *SUMS):
-        key = (r["gpu_id"], r["hour"].astimezone(tz).date(), *(r[k] for k in KEY[2:]))
+        day = r["hour"].astimezone(tz).date()
+        key = (r["gpu_id"], day.replace(day=1) if month else day, *(r[k] for k in KEY[2:]))
         sums = out[key]
         sums["hours"] = sums.get("hours", 0) + 1
         for f in SUMS:
@@ -51,15 +54,27 @@ def daily() -> dict[tuple[Any, ...], dict[str, float]]:
     }
 
 
+def monthly() -> dict[tuple[Any, ...], dict[str, float]]:
+    from telemetry.models import MonthlyUsage
+
+    key = ("gpu_id", "month", *KEY[2:])
+    return {
+        tuple(r[k] for k in key): {f: r[f] for f in ("hours", *SUMS)}
+        for r in MonthlyUsage.objects.values(*key, "hours", *SUMS)
+    }
+
+
 def assert_daily_equals_hourly(zone: str) -> None:
+    """The daily rows, and the monthly rows kept from them, equal the hourly rows summed by
+    local day and by local month."""
     from telemetry.models import DailyUsageState
 
     assert DailyUsageState.objects.get().zone == zone
-    want, got = hourly_by_day(zone), daily()
-    assert got.keys() == want.keys()
-    for key, sums in want.items():
-        for f, value in sums.items():
-            assert got[key][f] == pytest.approx(value, rel=1e-12), (key, f)
+    for want, got in ((hourly_by_day(zone), daily()), (hourly_by_day(zone, month=True), monthly())):
+        assert got.keys() == want.keys()
+        for key, sums in want.items():
+            for f, value in sums.items():
+                assert got[key][f] == pytest.approx(value, rel=1e-12), (key, f)
 
 
 def hourly_row(gpu: Any, hour: dt.datetime, **values: Any) -> Any:
@@ -225,3 +240,36 @@ def _daily_state_present(request: Any) -> None:
     from telemetry.rollup import daily_usage_ensure
 
     daily_usage_ensure()
+
+
+def test_months_follow_their_days_across_a_month_edge_and_a_truncate(
+    make_gpu: Any, fleet: dict[str, Any]
+) -> None:
+    from telemetry.models import HourlyUsage, MonthlyUsage
+
+    gpu = make_gpu()
+    # 30 January 12:00 to 2 February 12:00 UTC: two months, a move on 1 February.
+    first = dt.datetime(2026, 1, 30, 12, tzinfo=dt.UTC)
+    HourlyUsage.objects.bulk_create(
+        [hourly_row(gpu, first + i * H, air_s=100.0 * (i % 7)) for i in range(36)]
+    )
+    gpu.node = fleet["node_b"]
+    gpu.save()
+    HourlyUsage.objects.bulk_create(
+        [hourly_row(gpu, first + i * H, air_s=100.0 * (i % 7)) for i in range(36, 72)]
+    )
+    assert_daily_equals_hourly("UTC")
+    hours = {(k[1], k[2]): v["hours"] for k, v in monthly().items()}
+    assert hours == {
+        (dt.date(2026, 1, 1), fleet["node_a"].pk): 36,
+        (dt.date(2026, 2, 1), fleet["node_b"].pk): 36,
+    }
+    # A late edit of one January hour: January's row follows, February's is unchanged.
+    HourlyUsage.objects.filter(hour=first).update(air_s=3600.0)
+    assert_daily_equals_hourly("UTC")
+    HourlyUsage.objects.filter(hour__gte=dt.datetime(2026, 2, 1, tzinfo=dt.UTC)).delete()
+    assert_daily_equals_hourly("UTC")
+    assert {k[1] for k in monthly()} == {dt.date(2026, 1, 1)}
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE telemetry_hourlyusage")
+    assert not MonthlyUsage.objects.exists()

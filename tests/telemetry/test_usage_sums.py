@@ -93,7 +93,7 @@ def probe_sum(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     on PostgreSQL the trigger function generated again (what the migration's RunPython does)."""
     name = "probe_s"
     with connection.cursor() as cursor:
-        for table in ("telemetry_hourlyusage", "telemetry_dailyusage"):
+        for table in ("telemetry_hourlyusage", "telemetry_dailyusage", "telemetry_monthlyusage"):
             cursor.execute(f"ALTER TABLE {table} ADD COLUMN {name} real NOT NULL DEFAULT 0")
     column = RollupColumn(name, f"sum({name})", sample="s.seconds * 2 + 1")
     monkeypatch.setattr(rollup, "USAGE_SUMS", (*USAGE_SUMS, column))
