@@ -4,7 +4,7 @@ cost terms and rates."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
@@ -228,10 +228,6 @@ class _Loaded:
     names: _NamesAndSiteTerms
     gpus: dict[int, _GpuInfo]
     daily_zone: bool
-    # The day in progress from hourly rows, summed per GPU and attribution (period "all"):
-    # one bucket of any period, so the overview's trend reuses its summary's. Key: (from,
-    # to, split GPUs).
-    in_progress: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def _load(*, start: dt.date, end: dt.date, filters: Filters, now: dt.datetime | None) -> _Loaded:
@@ -275,4 +271,4 @@ def _loaded_within(loaded: _Loaded, *, start: dt.date, end: dt.date) -> _Loaded 
         for gpu_id, info in loaded.gpus.items()
         if info.retired_at is None or info.retired_at > window_start
     }
-    return replace(loaded, gpus=gpus, in_progress={})
+    return replace(loaded, gpus=gpus)

@@ -356,3 +356,29 @@ def test_daily_table_in_a_zone_behind_utc(awkward: dict[str, Any], fleet: FleetB
         want = selectors.cost_rows(start=START, end=END, group_by=c[0], period=c[1], now=NOW)
         assert want, c
         assert_rows_equal(fast[c], want)
+
+
+@needs_postgres
+def test_the_day_in_progress_is_read_from_its_daily_row(
+    awkward: dict[str, Any], fleet: FleetBuilder
+) -> None:
+    # Today's hourly rows changed behind the triggers' back: the figures follow the daily row
+    # (what the triggers keep), so today is read from it. An hour at or after now (a clock
+    # ahead) sends today back to the hourly rows up to now, which leave that hour out.
+    from telemetry.models import HourlyUsage
+
+    today = dt.date(2026, 3, 10)
+    before = selectors.cost_rows(start=today, end=END, group_by="fleet", now=NOW)[0]
+    assert before.air_hours > 0
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE telemetry_hourlyusage DISABLE TRIGGER USER")
+        cursor.execute(
+            "UPDATE telemetry_hourlyusage SET air_s = 0 WHERE hour >= %s", [at("2026-03-10T00")]
+        )
+        cursor.execute("ALTER TABLE telemetry_hourlyusage ENABLE TRIGGER USER")
+    daily = selectors.cost_rows(start=today, end=END, group_by="fleet", now=NOW)[0]
+    assert daily.air_hours == before.air_hours
+    ahead = fleet.usage(awkward["steady"], at("2026-03-10T15"), observed_s=3600, air_s=3600)
+    HourlyUsage.objects.bulk_create([ahead])
+    hourly = selectors.cost_rows(start=today, end=END, group_by="fleet", now=NOW)[0]
+    assert hourly.air_hours == 0 and hourly.observed_hours == before.observed_hours
