@@ -547,8 +547,9 @@ def heatmap(request: HttpRequest) -> HttpResponse:
             selectors.utilization_by_day(start=start, end=end, filters=page_only) if shown else []
         )
     else:
-        # Utilisation only (no money), per GPU and day, straight from the daily sums.
-        rows = selectors.utilization_by_day(start=start, end=end, filters=flt.filters)
+        # Utilisation only (no money), per GPU and day, straight from the daily sums; every
+        # GPU's values to sort them, the offline hours of the page's GPUs below.
+        rows = selectors.utilization_by_day(start=start, end=end, filters=flt.filters, hours=False)
         labels = {r.key: r.name for r in rows}
         keys = list(labels)
         if order == "util":  # percentages (0.1 %) of every GPU: the order uses them
@@ -564,8 +565,12 @@ def heatmap(request: HttpRequest) -> HttpResponse:
         shown, pager = _page_of(keys, request, flt, order=order)
     # Percentages (0.1 %) of the GPUs drawn only.
     values = {r.key: r.values for r in rows}
+    if listed is None and shown:
+        page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))
+        rows = selectors.utilization_by_day(start=start, end=end, filters=page_only)
+    offline = {r.key: r.offline_hours for r in rows}
+    capacity = {r.key: r.capacity_hours for r in rows}
     blank: list[float | None] = [None] * len(days)
-    offline, capacity = _offline_by_day(flt, shown, days)
     figures = {}
     if shown:
         figures["chart-heatmap"] = charts.utilization_heatmap(
@@ -592,49 +597,6 @@ def heatmap(request: HttpRequest) -> HttpResponse:
             qs_util=flt.with_params(order="util"),
         ),
     )
-
-
-# A GPU-day drawn as offline has more offline hours than half its capacity; a GPU with less
-# than this over the whole range cannot have one worth drawing (only a day with under two
-# hours in service, the first hour of today, could), so its days are not computed.
-OFFLINE_CANDIDATE_HOURS = 1.0
-
-
-def _offline_by_day(
-    flt: DashboardFilters, shown: list[str], days: list[dt.date]
-) -> tuple[dict[str, list[float | None]], dict[str, list[float | None]]]:
-    """Offline and capacity hours of each GPU drawn, per day: the hours of the fleet board's
-    rows (``hours_rows``: ``cost_rows`` without the money), for the GPUs of this page that
-    were offline at all. The range's totals first (one row per GPU), then the days of those
-    GPUs only: the days of every GPU drawn cost the heatmap four times its time
-    (bench/dashboard.py), for a few offline GPUs; and a fleet that stopped reporting an hour
-    ago has every GPU offline."""
-    if not shown:
-        return {}, {}
-    page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))
-    totals = selectors.hours_rows(
-        start=flt.start, end=flt.end_exclusive, group_by="gpu", period="all", filters=page_only
-    )
-    offline_gpus = tuple(r.key for r in totals if r.offline_hours >= OFFLINE_CANDIDATE_HOURS)
-    if not offline_gpus:
-        return {}, {}
-    rows = selectors.hours_rows(
-        start=flt.start,
-        end=flt.end_exclusive,
-        group_by="gpu",
-        period="day",
-        filters=dataclasses.replace(flt.filters, gpus=offline_gpus),
-    )
-    index = {d: i for i, d in enumerate(days)}
-    offline: dict[str, list[float | None]] = {}
-    capacity: dict[str, list[float | None]] = {}
-    for r in rows:
-        i = index.get(r.period_start.date())
-        if i is None:
-            continue
-        offline.setdefault(r.key, [None] * len(days))[i] = r.offline_hours
-        capacity.setdefault(r.key, [None] * len(days))[i] = r.capacity_hours
-    return offline, capacity
 
 
 # The hourly rollup columns the GPU page's charts draw (_hourly_points, _activity_points).

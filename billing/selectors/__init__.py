@@ -28,7 +28,6 @@ Money is Decimal in full precision (round only when shown); hours are floats.
 from billing.selectors.breakeven import BreakevenResult, breakeven_compute, breakeven_workload
 from billing.selectors.costs import (
     FleetSummary,
-    HoursRow,
     RowPlace,
     cost_rows,
     cost_rows_after,
@@ -38,7 +37,6 @@ from billing.selectors.costs import (
     fleet_overview,
     fleet_summary,
     fleet_trend,
-    hours_rows,
 )
 from billing.selectors.types import (
     GROUP_BY,
@@ -62,7 +60,6 @@ __all__ = [
     "CostRow",
     "Filters",
     "FleetSummary",
-    "HoursRow",
     "UtilizationRow",
     "breakeven_compute",
     "breakeven_workload",
@@ -75,7 +72,6 @@ __all__ = [
     "fleet_overview",
     "fleet_summary",
     "fleet_trend",
-    "hours_rows",
     "offline_now",
     "utilization_by_day",
     "utilization_listed",

@@ -409,50 +409,6 @@ def _part(
     )
 
 
-@dataclass(frozen=True)
-class HoursRow:
-    """A cost row's capacity and offline hours, without its money (``hours_rows``)."""
-
-    key: str
-    period_start: dt.datetime
-    capacity_hours: float
-    offline_hours: float
-
-
-def hours_rows(
-    *,
-    start: dt.date,
-    end: dt.date,
-    group_by: str = "gpu",
-    period: str = "all",
-    filters: Filters | None = None,
-    now: dt.datetime | None = None,
-) -> list[HoursRow]:
-    """The capacity and offline hours of ``cost_rows``' rows, in their order, without pricing
-    them: the same Decimal sums of the same segments in the same order as the cost model's
-    accumulation, so each equals its cost row's to the last digit. For pages that draw hours
-    only (the heatmap's offline days), where pricing every GPU-day cost seconds. The rows of
-    closed months' late data (``adjustment_for``) are left out: their hours are differences,
-    not a period's hours."""
-    _validate(start=start, end=end, period=period, group_by=group_by)
-    computation = _compute(
-        start=start, end=end, period=period, filters=filters or Filters(), now=now
-    )
-    rows = []
-    for entry in _groups(computation, group_by):
-        if entry.adjusts is not None:
-            continue
-        capacity_h = offline_h = Decimal(0)
-        for segment in entry.segments:
-            hours = cm.hours_from_seconds(seconds=segment.sums["observed_s"])
-            capacity_h += hours + segment.offline_h
-            offline_h += segment.offline_h
-        rows.append(
-            HoursRow(entry.key, entry.bucket.local_start, float(capacity_h), float(offline_h))
-        )
-    return rows
-
-
 def _rows(computation: _Computation, group_by: str) -> list[CostRow]:
     assert not computation.pooled or group_by == "fleet", "pooled segments are a class of GPUs"
     spans = _pooled_spans(computation)

@@ -48,7 +48,8 @@ _UTILIZATION_SQL = """
         ) rows
         GROUP BY gpu_id, day
     ), cells AS (
-        SELECT span.gpu_id, days.i, used.air_s, used.observed_s IS NOT NULL AS has_rows,
+        SELECT span.gpu_id, days.i, used.air_s, used.observed_s,
+               used.observed_s IS NOT NULL AS has_rows,
                greatest(coalesce(used.observed_s, 0), greatest(0, extract(epoch FROM
                    least(span.hi, days.day_end) - greatest(span.lo, days.day_start)))) AS cap_s
         FROM span CROSS JOIN days
@@ -56,10 +57,19 @@ _UTILIZATION_SQL = """
     )
     SELECT gpu_id,
            array_agg(CASE WHEN cap_s > 0 THEN coalesce(air_s, 0) / cap_s END ORDER BY i),
-           bool_or(has_rows OR cap_s > 0)
+           bool_or(has_rows OR cap_s > 0),
+           {hours}
     FROM cells
     GROUP BY gpu_id
 """
+# Offline and capacity hours per day (capacity less observed: no samples), or none: two
+# arrays of every GPU-day cost a heatmap sorted by utilisation more than the rest.
+_UTILIZATION_HOURS = {
+    True: """array_agg(CASE WHEN cap_s > 0 THEN (cap_s - coalesce(observed_s, 0)) / 3600.0 END
+                     ORDER BY i),
+           array_agg(CASE WHEN cap_s > 0 THEN cap_s / 3600.0 END ORDER BY i)""",
+    False: "NULL::float8[], NULL::float8[]",
+}
 
 
 @dataclass
@@ -140,7 +150,7 @@ def _utilization_params(
 
 
 def _utilization_sql(
-    load: _UtilizationLoad, *, start: dt.date, end: dt.date
+    load: _UtilizationLoad, *, start: dt.date, end: dt.date, hours: bool
 ) -> list[UtilizationRow]:
     """``utilization_by_day`` in one statement (daily table in use, no attribution filter)."""
     gpus = load.gpus
@@ -151,13 +161,21 @@ def _utilization_sql(
         # A GPU-day hash of a large fleet (1,000 × 90) outgrows the default 4 MB and would
         # spill to disk; this statement only, in this transaction.
         cursor.execute("SET LOCAL work_mem = '64MB'")
-        cursor.execute(_UTILIZATION_SQL, params)
-        found = {gpu_id: (values, shown) for gpu_id, values, shown in cursor.fetchall()}
+        cursor.execute(_UTILIZATION_SQL.replace("{hours}", _UTILIZATION_HOURS[hours]), params)
+        found = {row[0]: row[1:] for row in cursor.fetchall()}
     out = []
     for gpu in gpus.values():  # in the order of the GPU query, as the other path
-        values, shown = found.get(gpu.id, ([], False))
+        values, shown, offline, capacity = found.get(gpu.id, ([], False, None, None))
         if shown:
-            out.append(UtilizationRow(key=gpu.uuid, name=gpu.label, values=list(values)))
+            out.append(
+                UtilizationRow(
+                    key=gpu.uuid,
+                    name=gpu.label,
+                    values=list(values),
+                    offline_hours=list(offline) if offline is not None else [],
+                    capacity_hours=list(capacity) if capacity is not None else [],
+                )
+            )
     return out
 
 
@@ -169,6 +187,11 @@ class UtilizationRow:
     key: str  # GPU UUID
     name: str  # "host#index"
     values: list[float | None]
+    # Per day as ``values``: capacity hours with no samples, and capacity hours (None where
+    # no capacity). Per day, not per depreciation phase, as ``values``. Empty when asked
+    # without them (``hours=False``) on PostgreSQL.
+    offline_hours: list[float | None]
+    capacity_hours: list[float | None]
 
 
 def utilization_by_day(
@@ -177,17 +200,21 @@ def utilization_by_day(
     end: dt.date,
     filters: Filters | None = None,
     now: dt.datetime | None = None,
+    hours: bool = True,
 ) -> list[UtilizationRow]:
     """Per GPU and day over [start, end): air hours / capacity hours, the ``utilization`` of
-    ``cost_rows(group_by="gpu", period="day")`` without the money (so no cost model per
+    ``cost_rows(group_by="gpu", period="day")`` (and its offline and capacity hours) without
+    the money (so no cost model per
     GPU-day): sums of two columns in SQL, capacity from each GPU's service window. Offline
     hours are taken per day, not per depreciation phase (the same unless a phase observed
-    more than its own calendar hours). Floats throughout: a heatmap shows 0.1 %."""
+    more than its own calendar hours). Floats throughout: a heatmap shows 0.1 %.
+    ``hours=False``: without the offline and capacity hours where leaving them out saves
+    work (every GPU's values, to sort them, where only a page is drawn)."""
     _validate(start=start, end=end, period="day")
     filters = filters or Filters()
     load = _utilization_load(start=start, end=end, filters=filters, now=now)
     if load.sql:
-        return _utilization_sql(load, start=start, end=end)
+        return _utilization_sql(load, start=start, end=end, hours=hours)
     zone, buckets, gpus, now = load.zone, load.buckets, load.gpus, load.now
     window_start, capacity_end = load.window_start, load.capacity_end
     names = _names_load()
@@ -265,6 +292,8 @@ def utilization_by_day(
         )
         lo, hi = (span[0].timestamp(), span[1].timestamp()) if span else (0.0, 0.0)
         values: list[float | None] = [None] * len(buckets)
+        offline: list[float | None] = [None] * len(buckets)
+        capacity: list[float | None] = [None] * len(buckets)
         shown = False
         for i in range(len(buckets)):
             cell = sums.get((gpu.id, i))
@@ -276,13 +305,23 @@ def utilization_by_day(
                 continue
             if offline_s > 0 or (cell is not None and cell[3]):
                 shown = True
+            capacity_s = (cell[1] if cell else 0.0) + offline_s
+            if capacity_s > 0:
+                offline[i], capacity[i] = offline_s / 3600, capacity_s / 3600
             if cell is None:
                 values[i] = 0.0
                 continue
-            capacity_s = cell[1] + offline_s
             values[i] = cell[0] / capacity_s if capacity_s > 0 else None
         if shown:
-            out.append(UtilizationRow(key=gpu.uuid, name=gpu.label, values=values))
+            out.append(
+                UtilizationRow(
+                    key=gpu.uuid,
+                    name=gpu.label,
+                    values=values,
+                    offline_hours=offline,
+                    capacity_hours=capacity,
+                )
+            )
     return out
 
 

@@ -486,19 +486,3 @@ def test_a_cursor_page_computes_only_the_buckets_it_needs(
     # From the cursor's own bucket (a row of it may follow the cursor), then onwards.
     assert [r.period_start.date() for r in rows] == [dt.date(2026, 3, 4), dt.date(2026, 3, 5)]
     assert parts[0] == (dt.date(2026, 3, 3), dt.date(2026, 3, 4))
-
-
-@pytest.mark.parametrize(("group_by", "period"), [("gpu", "day"), ("gpu", "all"), ("team", "week")])
-def test_hours_rows_are_the_cost_rows_hours_to_the_last_digit(
-    worked_example: Any, fleet: Any, frozen: Any, group_by: str, period: str
-) -> None:
-    # The heatmap's offline days read hours_rows instead of pricing every GPU-day: the same
-    # rows, in the same order, with the same capacity and offline hours, exactly.
-    _retired_in_february(worked_example, fleet)
-    span = {"start": dt.date(2026, 1, 1), "end": dt.date(2026, 3, 9)}
-    costs = selectors.cost_rows(**span, group_by=group_by, period=period)
-    hours = selectors.hours_rows(**span, group_by=group_by, period=period)
-    assert [(h.key, h.period_start, h.capacity_hours, h.offline_hours) for h in hours] == [
-        (r.key, r.period_start, r.capacity_hours, r.offline_hours) for r in costs
-    ]
-    assert sum(h.offline_hours for h in hours) > 0 and len(hours) > 1

@@ -256,6 +256,25 @@ def test_utilization_by_day_is_the_gpu_day_utilization(
             assert (value is None) == (wanted is None), row.key
             if value is not None:
                 assert value == pytest.approx(wanted, rel=1e-12, abs=1e-12), row.key
+    # The heatmap's offline days: each GPU-day's offline and capacity hours, as the cost
+    # rows have them (per day; no GPU here observed more than a depreciation phase's hours).
+    hours: dict[str, dict[int, tuple[float, float]]] = {}
+    for r in want:
+        day = (r.period_start.date() - START).days
+        hours.setdefault(r.key, {})[day] = (r.offline_hours, r.capacity_hours)
+    offline_days = 0
+    for row in got:
+        for day, (off, cap) in enumerate(zip(row.offline_hours, row.capacity_hours, strict=True)):
+            want_off, want_cap = hours[row.key].get(day, (None, None))
+            if cap is None:
+                assert want_cap in (None, 0), (row.key, day)
+                continue
+            assert (off, cap) == (
+                pytest.approx(want_off, abs=1e-9),
+                pytest.approx(want_cap, abs=1e-9),
+            ), (row.key, day)
+            offline_days += off > 0
+    assert offline_days > 0
 
 
 def test_cost_rows_by_is_cost_rows_for_each_grouping(awkward: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ PAGES = {
     "overview": f"/?{QUERY}",
     "fleet board": f"/fleet/?{QUERY}",
     "heatmap": f"/fleet/heatmap/?{QUERY}",
-    "heatmap by utilisation": f"/fleet/heatmap/?{QUERY}&sort=util",
+    "heatmap by utilisation": f"/fleet/heatmap/?{QUERY}&order=util",
     "teams & pools": f"/chargeback/?{QUERY}",
     "break-even": f"/breakeven/?{QUERY}",
     "GPU page": f"/gpus/GPU-count-0001/?{QUERY}",
