@@ -38,6 +38,10 @@ PRODUCT_WORKLOAD: dict[str, Any] = {
     "output_share": 0.25,
     "rental_rate_per_hour": Decimal("2.35"),
 }
+# The most tokens per second one GPU may be said to serve (page, API, fleet file): far above
+# any real GPU (~10^5), and low enough that a month of them at the highest price a form takes
+# stays within the 28 digits money is computed in (a larger figure failed to round: a 500).
+TOKENS_PER_S_MAX = 1e9
 PRICE_KEYS = frozenset(
     {"api_input_price_per_mtok", "api_output_price_per_mtok", "api_price_per_mtok"}
 )

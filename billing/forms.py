@@ -108,6 +108,7 @@ class BreakevenForm(forms.Form):
     tokens_per_s = forms.FloatField(
         label="Tokens/s per GPU",
         min_value=0.001,
+        max_value=be.TOKENS_PER_S_MAX,
         initial=be.PRODUCT_WORKLOAD["tokens_per_s_per_gpu"],
         help_text="At full load, for your model on this GPU",
     )

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 from rest_framework import serializers
 from rest_framework.fields import empty
 
-from billing.breakeven import OwningInstead
+from billing.breakeven import TOKENS_PER_S_MAX, OwningInstead
 from billing.cost_model import money_round
 from billing.focus import DEFAULT_VERSION as FOCUS_DEFAULT_VERSION
 from billing.focus import VERSIONS as FOCUS_VERSIONS
@@ -409,6 +409,7 @@ class BreakevenQuerySerializer(RangeQuerySerializer):
     )
     tokens_per_s = _FiniteFloatField(
         min_value=0.000001,
+        max_value=TOKENS_PER_S_MAX,
         required=False,
         help_text="Tokens per second one GPU of the pool serves at full load. Default: the "
         "fleet file's tokens_per_s_per_gpu (the pool's, else the fleet's), else 2000",

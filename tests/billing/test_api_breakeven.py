@@ -74,6 +74,7 @@ def test_breakeven_unknown_pool_is_404(worked_example: Any, finance: Any) -> Non
         ({"tokens_per_s": "0"}, "tokens_per_s"),
         ({"tokens_per_s": "NaN"}, "tokens_per_s"),
         ({"tokens_per_s": "inf"}, "tokens_per_s"),
+        ({"tokens_per_s": "1e301"}, "tokens_per_s"),  # found by the fuzz test: was a 500
         ({"api_price_per_mtok": "-1"}, "api_price_per_mtok"),
         ({"api_price_per_mtok": ""}, "api_price_per_mtok"),
         ({"api_price_per_mtok": None, "output_share": "0.3"}, "api_input_price_per_mtok"),
@@ -94,6 +95,16 @@ def test_breakeven_bad_parameters_are_400(
     response = finance.get(URL, query)
     assert response.status_code == 400, response.content
     assert field in response.json()
+
+
+def test_breakeven_at_the_largest_inputs_is_answered(worked_example: Any, finance: Any) -> None:
+    # The most tokens per second and the highest prices the parameters take: every money
+    # figure still rounds to cents (28 digits), so an answer, not a 500.
+    most = "99999999.999999"
+    query = {**QUERY, "tokens_per_s": "1e9", "api_price_per_mtok": most}
+    response = finance.get(URL, {**query, "rental_rate_per_hour": most})
+    assert response.status_code == 200, response.content
+    assert len(response.json()["api_cost_per_month"].split(".")[0]) > 15
 
 
 def test_breakeven_missing_split_price_names_it(worked_example: Any, finance: Any) -> None:
