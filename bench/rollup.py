@@ -40,6 +40,7 @@ import contextlib
 import datetime as dt
 import os
 import random
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -364,6 +365,10 @@ def workloads_compare(
             empty_targets()
             times[on].append(timed(rollup)[0])
     without, with_ = min(times[False]), min(times[True])
+    # Each round's own ratio (its two runs back to back), and their median: on a machine
+    # whose speed drifts by tens of percent between runs, the best of each side may come
+    # from different moments, a round's pair from the same one.
+    paired = sorted(w / wo for w, wo in zip(times[True], times[False], strict=True))
     rows = connection.cursor()
     rows.execute(
         "SELECT count(*) FROM telemetry_workloadhourlyusage WHERE gpu_id = ANY(%s)", [gpu_ids]
@@ -374,6 +379,10 @@ def workloads_compare(
         "workload rows"
     )
     print(f"ratio with / without workloads: {with_ / without:.2f} (goal <= 1.30)")
+    print(
+        f"ratio of each round's pair: median {statistics.median(paired):.2f}, "
+        f"from {paired[0]:.2f} to {paired[-1]:.2f} ({len(paired)} rounds)"
+    )
     workloads_floor(gpu_ids, lo, hi, arrays, rounds)
 
 
