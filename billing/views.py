@@ -541,19 +541,16 @@ def heatmap(request: HttpRequest) -> HttpResponse:
     if listed is not None:
         labels = dict(listed)
         keys = sorted(labels, key=lambda k: labels[k])
-        shown, pager = _page_of(keys, request, flt, order=order)
-        page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))
-        rows = (
-            selectors.utilization_by_day(start=start, end=end, filters=page_only) if shown else []
-        )
     else:
-        # Utilisation only (no money), per GPU and day, straight from the daily sums; every
-        # GPU's values to sort them, the offline hours of the page's GPUs below.
-        rows = selectors.utilization_by_day(start=start, end=end, filters=flt.filters, hours=False)
-        labels = {r.key: r.name for r in rows}
+        # Utilisation only (no money), per GPU and day, straight from the daily sums: every
+        # GPU's values, to list and sort them (without their offline hours).
+        every_row = selectors.utilization_by_day(
+            start=start, end=end, filters=flt.filters, hours=False
+        )
+        labels = {r.key: r.name for r in every_row}
         keys = list(labels)
         if order == "util":  # percentages (0.1 %) of every GPU: the order uses them
-            every = {r.key: percents(r.values) for r in rows}
+            every = {r.key: percents(r.values) for r in every_row}
 
             def mean(k: str) -> float:
                 vals = [v for v in every[k] if v is not None]
@@ -562,12 +559,11 @@ def heatmap(request: HttpRequest) -> HttpResponse:
             keys.sort(key=mean)
         else:
             keys.sort(key=lambda k: labels[k])
-        shown, pager = _page_of(keys, request, flt, order=order)
-    # Percentages (0.1 %) of the GPUs drawn only.
+    shown, pager = _page_of(keys, request, flt, order=order)
+    # The GPUs drawn: their values and offline hours per day, one statement.
+    page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))
+    rows = selectors.utilization_by_day(start=start, end=end, filters=page_only) if shown else []
     values = {r.key: r.values for r in rows}
-    if listed is None and shown:
-        page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))
-        rows = selectors.utilization_by_day(start=start, end=end, filters=page_only)
     offline = {r.key: r.offline_hours for r in rows}
     capacity = {r.key: r.capacity_hours for r in rows}
     blank: list[float | None] = [None] * len(days)

@@ -184,6 +184,11 @@ def _cost_row(
     )
 
 
+# A row's place in the order of the rows: its bucket's key (the local date it starts), its
+# group's key, and the month it adjusts ("" for the bucket's own figures).
+RowPlace = tuple[dt.date, str, str]
+
+
 @dataclass
 class _Group:
     """One row to be: a group's segments over one bucket, in the order they were computed
@@ -198,9 +203,10 @@ class _Group:
     segments: list[_Segment]
     acc: _Acc | None = None  # accumulated already (an adjustment, to see whether it is a row)
 
-    def sort_key(self) -> tuple[dt.datetime, str, str]:
-        """The rows' order: period start, key, then the adjustments after the regular row."""
-        return self.bucket.local_start, self.key, self.adjusts or ""
+    def place(self) -> RowPlace:
+        """Where its row stands in the rows' order: by period (its bucket's key orders the
+        buckets as their starts do), key, then the adjustments after the regular row."""
+        return self.bucket.key, self.key, self.adjusts or ""
 
 
 def _groups(computation: _Computation, group_by: str) -> list[_Group]:
@@ -225,7 +231,7 @@ def _groups(computation: _Computation, group_by: str) -> list[_Group]:
             if adjustment_negligible(entry.acc):
                 continue
         kept.append(entry)
-    kept.sort(key=_Group.sort_key)
+    kept.sort(key=_Group.place)
     return kept
 
 
@@ -322,11 +328,6 @@ def cost_rows_counted(
     return count, page
 
 
-# A row's place in the order of the rows: its bucket's key (the local date it starts), its
-# group's key, and the month it adjusts ("" for the bucket's own figures).
-RowPlace = tuple[dt.date, str, str]
-
-
 def cost_rows_after(
     *,
     start: dt.date,
@@ -362,9 +363,7 @@ def cost_rows_after(
         computation = _part(loaded, part_start, part_end, period, filters)
         groups = _groups(computation, group_by)
         found += [
-            (entry, computation)
-            for entry in groups
-            if after is None or (entry.bucket.key, entry.key, entry.adjusts or "") > after
+            (entry, computation) for entry in groups if after is None or entry.place() > after
         ]
         per_bucket = len(groups) / (last - first)
         wanted = math.ceil((limit + 1 - len(found)) / per_bucket) if per_bucket else 0
@@ -373,8 +372,7 @@ def cost_rows_after(
     rows = [_row(entry, comp, _pooled_spans(comp)) for entry, comp in found[:limit]]
     if len(found) <= limit:
         return rows, None
-    entry = found[limit - 1][0]
-    return rows, (entry.bucket.key, entry.key, entry.adjusts or "")
+    return rows, found[limit - 1][0].place()
 
 
 def _parts(

@@ -22,6 +22,9 @@ from fleet.models import Node
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 from telemetry.models import DailyUsage, HourlyUsage, MonthlyUsage
 
+# What the rollup sums are summed per, from every table: the GPU and its stored attribution.
+_BY_GPU = ("gpu_id", "node_id", "pool_id", "team_id", "site_id")
+
 
 def _filtered(rows: QuerySet[Any], filters: Filters) -> QuerySet[Any]:
     if filters.models:
@@ -61,7 +64,7 @@ def _summed_hourly(
 ) -> list[dict[str, Any]]:
     """Hourly rows summed per GPU, attribution[, phase][, bucket in the report zone]."""
     rows = _filtered(rows, filters)
-    fields = ["gpu_id", "node_id", "pool_id", "team_id", "site_id"]
+    fields = list(_BY_GPU)
     if whens:
         rows = rows.annotate(phase=Case(*whens, default=Value(-1), output_field=IntegerField()))
         fields.append("phase")
@@ -122,7 +125,7 @@ def _compute(
             monthlies = MonthlyUsage.objects.filter(month__gte=months_from, month__lt=months_to)
             if split_ids:
                 monthlies = monthlies.exclude(gpu_id__in=split_ids)
-            fields = ["gpu_id", "node_id", "pool_id", "team_id", "site_id"]
+            fields = list(_BY_GPU)
             if period == "month":
                 fields.append("month")
             for row in _summed(_filtered(monthlies, filters), fields):
@@ -167,7 +170,7 @@ def _compute(
                         wanted |= Q(gpu_id__in=ids) & (Q(day__lt=first) | Q(day__gte=last))
                 dailies = dailies.filter(wanted)
             dailies = _filtered(dailies, filters)
-            fields = ["gpu_id", "node_id", "pool_id", "team_id", "site_id"]
+            fields = list(_BY_GPU)
             if period != "all":
                 trunc = {"day": None, "week": TruncWeek, "month": TruncMonth}[period]
                 if trunc is None:
