@@ -5,7 +5,7 @@ code on one database: a refactoring must leave each value identical (Decimal exa
     cd <checkout> && DATABASE_URL=… python <this file> dump --out before.json [--repeat 5]
         (--repeat 0: no timings)
     cd <checkout> && DATABASE_URL=… python <this file> time --out times.jsonl [--repeat 9]
-    python bench/figures_compare.py compare before.json after.json
+    python bench/figures_compare.py compare before.json after.json [--cents]
 
 ``build`` migrates the database named by ``DATABASE_URL`` (a database of its own: it writes
 the fleet there) and writes ``bench/dashboard.py``'s data set into it (``--gpus`` GPUs on
@@ -31,7 +31,10 @@ daily table per GPU (the same sums, no cost model), and the cost rows per GPU an
 segments through the cost model). ``time`` takes the timings alone, one JSON line per run, so
 that two checkouts can be timed in turn on a shared machine.
 
-``compare`` lists every path whose value differs (exit 1), or says they are identical.
+``compare`` lists every path whose value differs (exit 1), or says they are identical. With
+``--cents`` money (every Decimal) need only be equal to the cent and floats to 1e-9 relative,
+for a change that adds the same sums in another order (segments priced per price class):
+it prints the largest relative difference it saw.
 """
 
 from __future__ import annotations
@@ -265,17 +268,53 @@ def time_only(args: argparse.Namespace) -> int:
     return 0
 
 
-def _differences(a: Any, b: Any, path: str, found: list[str]) -> None:
+# ``compare --cents``: floats equal to this relative difference (sums taken in another order).
+FLOAT_RELATIVE = 1e-9
+
+
+def _same(a: Any, b: Any, cents: bool, widest: list[float]) -> bool:
+    """Whether two dumped values are the same: identical, or with ``cents`` money (every
+    Decimal) equal to the cent and floats to ``FLOAT_RELATIVE``; ``widest`` keeps the largest
+    relative difference seen."""
+    if a == b:
+        return True
+    if not (cents and isinstance(a, str) and isinstance(b, str) and a[:2] == b[:2]):
+        return False
+    if a.startswith("D:"):
+        x, y = Decimal(a[2:]), Decimal(b[2:])
+        if x == y:  # 0 and -0, or 0E-28
+            return True
+        widest[0] = max(widest[0], float(abs(x - y) / max(abs(x), abs(y))))
+        return x.quantize(Decimal("0.01")) == y.quantize(Decimal("0.01"))
+    if a.startswith("F:"):
+        f, g = float(a[2:]), float(b[2:])
+        if f == g:
+            return True
+        relative = abs(f - g) / max(abs(f), abs(g))
+        widest[0] = max(widest[0], relative)
+        return relative <= FLOAT_RELATIVE
+    return False
+
+
+def _differences(
+    a: Any,
+    b: Any,
+    path: str,
+    found: list[str],
+    cents: bool = False,
+    widest: list[float] | None = None,
+) -> None:
+    widest = widest if widest is not None else [0.0]
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(a.keys() | b.keys()):
             if key not in a or key not in b:
                 found.append(f"{path}/{key}: only in {'after' if key not in a else 'before'}")
             else:
-                _differences(a[key], b[key], f"{path}/{key}", found)
+                _differences(a[key], b[key], f"{path}/{key}", found, cents, widest)
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _differences(x, y, f"{path}[{i}]", found)
-    elif a != b:
+            _differences(x, y, f"{path}[{i}]", found, cents, widest)
+    elif not _same(a, b, cents, widest):
         found.append(f"{path}: {a!r} → {b!r}")
 
 
@@ -283,12 +322,18 @@ def compare(args: argparse.Namespace) -> int:
     before = json.loads(Path(args.before).read_text())
     after = json.loads(Path(args.after).read_text())
     found: list[str] = []
-    _differences(before["figures"], after["figures"], "", found)
+    widest = [0.0]
+    _differences(before["figures"], after["figures"], "", found, args.cents, widest)
     for line in found[:50]:
         print(line)
     values = json.dumps(before["figures"]).count('"D:') + json.dumps(before["figures"]).count('"F:')
     if found:
         print(f"{len(found)} differences")
+    elif args.cents:
+        print(
+            f"equal: {values:,} Decimal and float values, money to the cent and floats to "
+            f"{FLOAT_RELATIVE:g} relative (largest relative difference {widest[0]:.1e})"
+        )
     else:
         print(f"identical: {values:,} Decimal and float values")
     for what, ms in before["timings_ms"].items():
@@ -312,6 +357,12 @@ def main() -> int:
     p = sub.add_parser("compare")
     p.add_argument("before")
     p.add_argument("after")
+    p.add_argument(
+        "--cents",
+        action="store_true",
+        help="money equal to the cent, floats to 1e-9 relative (a change that sums in another "
+        "order, e.g. per price class); default: every value identical",
+    )
     args = parser.parse_args()
     return {"build": build, "dump": dump, "time": time_only, "compare": compare}[args.command](args)
 

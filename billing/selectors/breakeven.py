@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from billing import breakeven as be
 from billing import cost_model as cm
-from billing.selectors.costs import _accumulate
+from billing.selectors.costs import _accumulated
 from billing.selectors.sums import _compute
 from billing.selectors.types import (
     _NO_SITE,
     Filters,
-    _Acc,
     _NamesAndSiteTerms,
     _Segment,
     _SiteTerms,
@@ -69,13 +67,6 @@ def breakeven_workload(*, pool: str | None) -> dict[str, Any]:
     return be.workload_defaults(fleet=dict(FleetSettings.load().breakeven), pool=own)
 
 
-def _acc(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Acc:
-    acc = _Acc()
-    for segment in segments:
-        _accumulate(acc, segment, names)
-    return acc
-
-
 def _capacity_h(segment: _Segment) -> Decimal:
     return cm.to_decimal(segment.sums["observed_s"]) / cm.SECONDS_PER_HOUR + segment.offline_h
 
@@ -114,7 +105,8 @@ def _owned_price(
     )
     owned = [s for s in computation.segments if s.gpu.kind == cm.OWNED]
     by_model = {
-        key: _acc((s for s in owned if s.gpu.model_key == key), computation.names) for key in models
+        key: _accumulated((s for s in owned if s.gpu.model_key == key), computation.names)
+        for key in models
     }
     if any(acc.capacity_h <= 0 for acc in by_model.values()):
         return None
@@ -219,7 +211,7 @@ def breakeven_compute(
                 (computation.names.site(g.site_id) for g in members if g.site_id is not None),
                 _NO_SITE,
             )
-    acc = _acc(segments, computation.names)
+    acc = _accumulated(segments, computation.names)
     s = acc.sums
 
     # P_act, P_idle from the rollups' seconds above and below the active threshold; the GPU
