@@ -6,12 +6,11 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from types import SimpleNamespace
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import BigIntegerField, F, Func, QuerySet
 from django.utils import timezone
 
 from billing import cost_model as cm
@@ -54,53 +53,32 @@ _GPU_COLUMNS = (
 )
 
 
-def _gpu_rows(gpu_qs: QuerySet[Gpu]) -> list[SimpleNamespace]:
-    """The GPUs with their node, pool, sites and model as plain attribute objects shaped like
-    the models ``_gpu_info`` reads: one ``values()`` query, no model instances (a fifth of
-    the time for a thousand GPUs)."""
+# The GPU's timestamps: on PostgreSQL read as integer microseconds since the epoch (exact)
+# and made datetimes here. Parsing 40,000 timestamps' text took ~200 ms at 10,000 GPUs.
+_GPU_TIMES = ("in_service_at", "first_seen_at", "retired_at", "last_seen_at")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICROSECONDS = "(extract(epoch FROM %(expressions)s) * 1000000)::bigint"
+
+
+def _gpu_rows(gpu_qs: QuerySet[Gpu]) -> list[dict[str, Any]]:
+    """The GPUs with their node, pool, sites and model as flat dicts keyed by
+    ``_GPU_COLUMNS``: one ``values()`` query, no model instances (a fifth of the time for a
+    thousand GPUs); the timestamps aware UTC datetimes (None where unset)."""
+    if connection.vendor != "postgresql":
+        return [dict(zip(_GPU_COLUMNS, r, strict=True)) for r in gpu_qs.values_list(*_GPU_COLUMNS)]
+    in_us = {
+        f"{name}_us": Func(F(name), template=_MICROSECONDS, output_field=BigIntegerField())
+        for name in _GPU_TIMES
+    }
+    columns = [c if c not in _GPU_TIMES else f"{c}_us" for c in _GPU_COLUMNS]
     out = []
-    for r in gpu_qs.values_list(*_GPU_COLUMNS):
-        row = dict(zip(_GPU_COLUMNS, r, strict=True))
-        pool_site = SimpleNamespace(
-            pk=row["node__pool__site_id"], name=row["node__pool__site__name"]
-        )
-        pool = SimpleNamespace(
-            pk=row["node__pool_id"],
-            name=row["node__pool__name"],
-            team_id=row["node__pool__team_id"],
-            site_id=row["node__pool__site_id"],
-            site=pool_site,
-        )
-        node = SimpleNamespace(
-            pk=row["node_id"],
-            hostname=row["node__hostname"],
-            pool_id=row["node__pool_id"],
-            pool=pool,
-            site_id=row["node__site_id"],
-            site=SimpleNamespace(pk=row["node__site_id"], name=row["node__site__name"]),
-        )
-        model = SimpleNamespace(
-            key=row["model__key"],
-            name=row["model__name"],
-            max_power_w=row["model__max_power_w"],
-            idle_power_w=row["model__idle_power_w"],
-        )
-        out.append(
-            SimpleNamespace(
-                pk=row["id"],
-                uuid=row["uuid"],
-                index=row["index"],
-                team_id=row["team_id"],
-                in_service_at=row["in_service_at"],
-                first_seen_at=row["first_seen_at"],
-                retired_at=row["retired_at"],
-                last_seen_at=row["last_seen_at"],
-                node_id=row["node_id"],
-                node=node,
-                model_id=row["model_id"],
-                model=model,
-            )
-        )
+    for values in gpu_qs.annotate(**in_us).values_list(*columns):
+        row = dict(zip(_GPU_COLUMNS, values, strict=True))
+        for name in _GPU_TIMES:
+            found = row[name]
+            if found is not None:
+                row[name] = _EPOCH + dt.timedelta(microseconds=found)
+        out.append(row)
     return out
 
 
@@ -140,47 +118,56 @@ def _rates(
 
 
 def _gpu_info(
-    gpu: Gpu,
+    gpu: dict[str, Any],
     profiles: dict[tuple[str, str], CostProfile],
     now: dt.datetime,
     rates: dict[tuple[Any, ...], _Rates] | None = None,
 ) -> _GpuInfo:
-    """``rates``: a cache of ``_rates`` for the GPUs of one load (one ``now``)."""
-    node = gpu.node
-    pool = node.pool if node.pool_id else None
-    site = node.site if node.site_id else (pool.site if pool is not None and pool.site_id else None)
-    team_id = gpu.team_id or (pool.team_id if pool is not None else None)
+    """One GPU of ``_gpu_rows`` with its terms and rates. ``rates``: a cache of ``_rates``
+    for the GPUs of one load (one ``now``)."""
+    pool_id = gpu["node__pool_id"]
+    # The node's site, else its pool's; the GPU's own team, else its pool's.
+    if gpu["node__site_id"]:
+        site_id, site_name = gpu["node__site_id"], gpu["node__site__name"]
+    elif pool_id and gpu["node__pool__site_id"]:
+        site_id, site_name = gpu["node__pool__site_id"], gpu["node__pool__site__name"]
+    else:
+        site_id = site_name = None
+    team_id = gpu["team_id"] or (gpu["node__pool__team_id"] if pool_id else None)
+    hostname = gpu["node__hostname"]
     profile = cm.cost_profile_resolve(
         profiles=profiles,
-        gpu_uuid=gpu.uuid,
-        hostname=node.hostname,
-        pool_name=pool.name if pool is not None else None,
-        site_name=site.name if site is not None else None,
+        gpu_uuid=gpu["uuid"],
+        hostname=hostname,
+        pool_name=gpu["node__pool__name"] if pool_id else None,
+        site_name=site_name,
     )
-    service_start = gpu.in_service_at or gpu.first_seen_at
-    key = (profile.pk if profile is not None else None, service_start, gpu.retired_at)
+    service_start = gpu["in_service_at"] or gpu["first_seen_at"]
+    retired_at = gpu["retired_at"]
+    key = (profile.pk if profile is not None else None, service_start, retired_at)
     found = rates.get(key) if rates is not None else None
     if found is None:
-        found = _rates(profile, service_start, gpu.retired_at, now)
+        found = _rates(profile, service_start, retired_at, now)
         if rates is not None:
             rates[key] = found
     terms, phase_rates, boundary_hour = found
-    model = gpu.model if gpu.model_id else None
+    has_model = gpu["model_id"] is not None
+    index = gpu["index"]
     return _GpuInfo(
-        id=gpu.pk,
-        uuid=gpu.uuid,
-        label=f"{node.hostname}#{gpu.index}" if gpu.index is not None else node.hostname,
-        model_key=model.key if model is not None else "",
-        model_name=model.name if model is not None else UNASSIGNED_NAME,
-        max_power_w=model.max_power_w if model is not None else None,
-        idle_power_w=model.idle_power_w if model is not None else None,
-        node_id=node.pk,
-        pool_id=pool.pk if pool is not None else None,
+        id=gpu["id"],
+        uuid=gpu["uuid"],
+        label=f"{hostname}#{index}" if index is not None else hostname,
+        model_key=gpu["model__key"] if has_model else "",
+        model_name=gpu["model__name"] if has_model else UNASSIGNED_NAME,
+        max_power_w=gpu["model__max_power_w"] if has_model else None,
+        idle_power_w=gpu["model__idle_power_w"] if has_model else None,
+        node_id=gpu["node_id"],
+        pool_id=pool_id or None,
         team_id=team_id,
-        site_id=site.pk if site is not None else None,
+        site_id=site_id,
         service_start=service_start,
-        retired_at=gpu.retired_at,
-        last_seen_at=gpu.last_seen_at,
+        retired_at=retired_at,
+        last_seen_at=gpu["last_seen_at"],
         terms=terms,
         boundary_hour=boundary_hour,
         rates=phase_rates,
@@ -245,8 +232,8 @@ def _load(*, start: dt.date, end: dt.date, filters: Filters, now: dt.datetime | 
     gpus: dict[int, _GpuInfo] = {}
     rates: dict[tuple[Any, ...], _Rates] = {}
     for gpu in _gpu_rows(gpu_qs):
-        gpus[gpu.pk] = _gpu_info(gpu, profiles, now, rates)  # type: ignore[arg-type]
-        names.nodes[gpu.node_id] = gpu.node.hostname
+        gpus[gpu["id"]] = _gpu_info(gpu, profiles, now, rates)
+        names.nodes[gpu["node_id"]] = gpu["node__hostname"]
     return _Loaded(
         now=now,
         fleet_settings=fleet_settings,

@@ -105,7 +105,7 @@ def _utilization_load(
         window_start=window_start,
         capacity_end=capacity_end,
         now=now,
-        gpus={g.pk: _gpu_info(g, {}, now, rates) for g in _gpu_rows(gpu_qs)},  # type: ignore[arg-type]
+        gpus={g["id"]: _gpu_info(g, {}, now, rates) for g in _gpu_rows(gpu_qs)},
         sql=_daily_zone(zone) and not _by_attribution(filters),
     )
 
