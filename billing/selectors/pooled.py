@@ -50,22 +50,27 @@ def _phase_outside(gpu: _GpuInfo, window_start: dt.datetime) -> int:
 _POOLED_SQL = """
     -- One row per local day, rate class and stored site: the daily sums of GPUs that share
     -- their rate, kind and nominal power, so the cost model runs once per class and day
-    -- instead of once per GPU and day. A row's class and its GPU's pooled days [first, last)
-    -- are looked up by GPU id in arrays that start at the lowest pooled id (class -1: not
-    -- pooled), so the table is read once with no join (a hash join on the unnested ids
-    -- hashed the whole table instead, as it cannot know the ids are distinct: 2-3x slower).
+    -- instead of once per GPU and day. A row's class is looked up by GPU id in an array that
+    -- starts at the lowest pooled id, -1 where the GPU is not pooled or the day lies outside
+    -- its pooled days [first, last) (two arrays alike), so the table is read once with no
+    -- join (a hash join on the unnested ids hashed the whole table instead, as it cannot
+    -- know the ids are distinct: 2-3x slower). The class is grouped on, not filtered on
+    -- before: a filter on array lookups is estimated to keep a few rows, and the planner
+    -- then sends all of them to one process to sum instead of summing in its workers.
     -- ``over``: a row observed more than 3600 s per hour it sums (see _OVER_SQL).
-    SELECT day, klass, site_id, bool_or(observed_s > 3600 * hours), {sums}
+    SELECT day, klass, site_id, over, {sums}
     FROM (
-        SELECT d.*, (%(classes)s::int[])[d.gpu_id - %(base)s] AS klass,
-               (%(firsts)s::date[])[d.gpu_id - %(base)s] AS first_day,
-               (%(lasts)s::date[])[d.gpu_id - %(base)s] AS last_day
+        SELECT d.day,
+               CASE WHEN d.day >= (%(firsts)s::date[])[d.gpu_id - %(base)s]
+                     AND d.day < (%(lasts)s::date[])[d.gpu_id - %(base)s]
+                    THEN (%(classes)s::int[])[d.gpu_id - %(base)s] ELSE -1 END AS klass,
+               d.site_id, bool_or(d.observed_s > 3600 * d.hours) AS over, {summed}
         FROM telemetry_dailyusage d
         WHERE d.gpu_id > %(base)s AND d.gpu_id <= %(top)s
           AND d.day >= %(from)s AND d.day < %(to)s
-    ) rows
-    WHERE klass >= 0 AND day >= first_day AND day < last_day
-    GROUP BY day, klass, site_id
+        GROUP BY 1, 2, 3
+    ) classes
+    WHERE klass >= 0
 """
 
 # GPU-days that observed more than the day's length (overlapping samples): their offline
@@ -141,19 +146,18 @@ def _pooled_segments(
         "from": outside,
         "to": max(last for _, last in days.values()),
     }
-    sums_sql = ", ".join(f"sum({f})" for f in _SUM_FIELDS)
+    summed_sql = ", ".join(f"sum(d.{f}) AS {f}" for f in _SUM_FIELDS)
     observed_s: dict[tuple[int, dt.date], float] = defaultdict(float)
     segments: list[_Segment] = []
     over: list[tuple[Any, ...]] = []
     with read_cursor(atomic=True) as cursor:
         # Hashing a large fleet's class-days (1,000 GPUs × 90 days) outgrows the default
-        # 4 MB; and one process, not parallel workers, sums each group, so its sums are
-        # taken in the same order on every run. This statement's transaction only.
-        cursor.execute(
-            "SELECT set_config('work_mem', '64MB', true),"
-            " set_config('max_parallel_workers_per_gather', '0', true)"
-        )
-        cursor.execute(_POOLED_SQL.format(sums=sums_sql), params)
+        # 4 MB: this statement's transaction only. Parallel workers may share the scan, as
+        # in every other statement of the selectors: their partial sums make the last digits
+        # of a float vary between runs, never a cent (bench/figures_compare.py turns them
+        # off for its identical-figures check).
+        cursor.execute("SELECT set_config('work_mem', '64MB', true)")
+        cursor.execute(_POOLED_SQL.format(summed=summed_sql, sums=", ".join(_SUM_FIELDS)), params)
         any_over = False
         for day, klass, site_id, day_over, *values in cursor.fetchall():
             any_over = any_over or day_over
