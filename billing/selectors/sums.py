@@ -34,20 +34,35 @@ def _filtered(rows: QuerySet[Any], filters: Filters) -> QuerySet[Any]:
     return rows
 
 
-def _summed(rows: QuerySet[Any], fields: list[str]) -> list[dict[str, Any]]:
+def _summed(rows: QuerySet[Any] | list[QuerySet[Any]], fields: list[str]) -> list[dict[str, Any]]:
     """The rollup sums of ``rows`` per ``fields``, as dicts. The statement is Django's, the
     values as PostgreSQL sends them: Django's per-value converters (``float`` of a float,
     ``int`` of an integer, a bucket made aware and back) cost more than the query on a large
-    fleet. A bucket is a date, or a local midnight as a datetime (see ``_compute``)."""
-    summed = rows.values(*fields).annotate(**{f: Sum(f) for f in _SUM_FIELDS}).order_by()
+    fleet. A bucket is a date, or a local midnight as a datetime (see ``_compute``).
+
+    Several querysets (of tables with the same sums: the monthly and the daily rows of one
+    window) are summed together on PostgreSQL, in one statement over their union: one row per
+    GPU and attribution for the whole window rather than one per table."""
+    sets = rows if isinstance(rows, list) else [rows]
+    summed = [
+        qs.values(*fields).annotate(**{f: Sum(f) for f in _SUM_FIELDS}).order_by() for qs in sets
+    ]
     if connection.vendor != "postgresql":
         # SQLite sends dates and datetimes as text: it needs Django's converters (and its
         # fleets are small).
-        return list(summed)
-    query = summed.query
+        return [row for qs in summed for row in qs]
+    parts = [qs.query.sql_with_params() for qs in summed]
+    sql, params = parts[0][0], list(parts[0][1])
+    if len(parts) > 1:
+        union = " UNION ALL ".join(f"({part})" for part, _ in parts)
+        keys = ", ".join(connection.ops.quote_name(f) for f in fields)
+        sums = ", ".join(f"sum({connection.ops.quote_name(f)})" for f in _SUM_FIELDS)
+        # Django's own statements and quoted constant names: no value is spliced in.
+        sql = f"SELECT {keys}, {sums} FROM ({union}) AS parts GROUP BY {keys}"  # noqa: S608
+        params = [value for _, more in parts for value in more]
     with read_cursor() as cursor:
-        cursor.execute(*query.sql_with_params())
-        names = [column.name for column in cursor.description]
+        cursor.execute(sql, params)
+        names = [*fields, *_SUM_FIELDS]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
@@ -116,6 +131,7 @@ def _compute(
         if pooled and day > start and period == "day" and not _by_attribution(filters):
             pooled_days = _poolable(gpus, split_ids, start, day, zone)
         months_from = months_to = start
+        whole: list[QuerySet[Any]] = []  # period "all": the tables read, summed as one
         if day > start and period in ("all", "month"):
             # The whole months inside [start, day) from the monthly pre-aggregate (~30× fewer
             # rows); the days before and after them from the daily one.
@@ -125,13 +141,12 @@ def _compute(
             monthlies = MonthlyUsage.objects.filter(month__gte=months_from, month__lt=months_to)
             if split_ids:
                 monthlies = monthlies.exclude(gpu_id__in=split_ids)
-            fields = list(_BY_GPU)
-            if period == "month":
-                fields.append("month")
-            for row in _summed(_filtered(monthlies, filters), fields):
-                if "month" in row:
+            if period == "all":  # summed with the daily rows below, in one statement
+                whole.append(_filtered(monthlies, filters))
+            else:
+                for row in _summed(_filtered(monthlies, filters), [*_BY_GPU, "month"]):
                     row["bucket"] = row.pop("month")
-                sum_rows.append(row)
+                    sum_rows.append(row)
         # The day in progress (up to now) from its daily row too: the triggers keep that row
         # equal to the hours rolled up so far, in the rollup's own transaction, so it is the
         # sum of the day's hourly rows (10,000 rows at 10,000 GPUs, not up to 240,000) --
@@ -171,17 +186,21 @@ def _compute(
                 dailies = dailies.filter(wanted)
             dailies = _filtered(dailies, filters)
             fields = list(_BY_GPU)
-            if period != "all":
+            if period == "all":
+                whole.append(dailies)
+            else:
                 trunc = {"day": None, "week": TruncWeek, "month": TruncMonth}[period]
                 if trunc is None:
                     fields.append("day")
                 else:
                     dailies = dailies.annotate(bucket=trunc("day"))
                     fields.append("bucket")
-            for row in _summed(dailies, fields):
-                if "day" in row:
-                    row["bucket"] = row.pop("day")
-                sum_rows.append(row)
+                for row in _summed(dailies, fields):
+                    if "day" in row:
+                        row["bucket"] = row.pop("day")
+                    sum_rows.append(row)
+        if whole:
+            sum_rows += _summed(whole, list(_BY_GPU))
         if in_progress and not today_daily:
             rest = HourlyUsage.objects.filter(hour__gte=hourly_from, hour__lt=capacity_end)
             if split_ids:
