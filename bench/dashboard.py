@@ -300,31 +300,18 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
 
 
-def run(args: argparse.Namespace) -> int:
-    from django.contrib.auth import get_user_model
-    from django.db import connection
-    from django.test import Client
-    from django.test.utils import CaptureQueriesContext
-
+def page_urls(start: dt.datetime, end: dt.datetime) -> dict[str, str]:
+    """Each timed page's URL over the data set's window [start, end) (its first and last
+    hour): the dashboard pages and the finance API's calls."""
     from billing.api.views import cursor_token
     from fleet.models import Gpu
-    from fleet.roles import role_assign
 
-    start, end = reuse_fleet() if args.reuse else (None, None)
-    if start is None or end is None:
-        start, end = build_fleet(args.gpus, args.days)
-    if args.build_only:
-        return 0
-    user, _ = get_user_model().objects.get_or_create(username="bench-finance")
-    role_assign(user=user, role="finance")
-    client = Client()
-    client.force_login(user)
     first = start.date()
     last = (end - dt.timedelta(hours=1)).date()
     rng = f"from={first}&to={last}"
     api_rng = f"start={first}&end={last + dt.timedelta(days=1)}"
     gpu_uuid = Gpu.objects.order_by("id").values_list("uuid", flat=True).first()
-    pages = {
+    return {
         "overview": f"/?{rng}",
         "fleet board": f"/fleet/?{rng}",
         "heatmap": f"/fleet/heatmap/?{rng}",
@@ -341,6 +328,26 @@ def run(args: argparse.Namespace) -> int:
         "api gpu/day, offset+count": f"/api/v1/costs?{api_rng}&group_by=gpu&period=day&offset=0",
         "api team/month": f"/api/v1/costs?{api_rng}&group_by=team&period=month",
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.roles import role_assign
+
+    start, end = reuse_fleet() if args.reuse else (None, None)
+    if start is None or end is None:
+        start, end = build_fleet(args.gpus, args.days)
+    if args.build_only:
+        return 0
+    user, _ = get_user_model().objects.get_or_create(username="bench-finance")
+    role_assign(user=user, role="finance")
+    client = Client()
+    client.force_login(user)
+    pages = page_urls(start, end)
     print(f"\npages over {args.days} days, {args.gpus} GPUs, {args.repeat} requests each:")
     print(
         f"  {'page':<14} {'p50 ms':>8} {'p95 ms':>8} {'queries':>8}  goal p95 ≤ {args.goal_ms:.0f}"
@@ -375,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
             cursor.execute(RAW_FLEET_DAILY, [raw_start, end])
             cursor.fetchall()
 
-    raw_range = f"from={raw_start.date()}&to={last}"
+    raw_range = f"from={raw_start.date()}&to={(end - dt.timedelta(hours=1)).date()}"
 
     def page() -> None:
         assert client.get(f"/?{raw_range}").status_code == 200
