@@ -315,6 +315,7 @@ def page_urls(start: dt.datetime, end: dt.datetime) -> dict[str, str]:
         "overview": f"/?{rng}",
         "fleet board": f"/fleet/?{rng}",
         "heatmap": f"/fleet/heatmap/?{rng}",
+        "heatmap by utilisation": f"/fleet/heatmap/?{rng}&order=util",
         "teams & pools": f"/chargeback/?{rng}",
         "break-even": f"/breakeven/?{rng}&pool=pool-0&tokens_per_s=2000&price_mode=blended"
         "&api_price_per_mtok=0.60&rental_rate_per_hour=2.35",

@@ -531,34 +531,27 @@ def heatmap(request: HttpRequest) -> HttpResponse:
     def percents(values: list[float | None]) -> list[float | None]:
         return [None if u is None else round(u * 100, 1) for u in values]
 
-    # By name: every GPU's name, then the values of the page drawn only, where the selectors
-    # can list the GPUs without their values. By utilisation the order needs every value.
-    listed = (
-        selectors.utilization_listed(start=start, end=end, filters=flt.filters)
-        if order == "name"
-        else None
-    )
-    if listed is not None:
+    if order == "util":
+        # Worst first: each GPU's utilisation over the window (air hours / capacity hours, the
+        # fleet board's), from its cost row, not from every GPU's value of every day (a year
+        # of 1,000 GPUs took 1.4 s that way); no capacity first, then by name.
+        gpu_rows = selectors.cost_rows(
+            start=start, end=end, group_by="gpu", period="all", filters=flt.filters
+        )
+        labels = {r.key: r.name for r in gpu_rows}
+        gpu_rows.sort(key=lambda r: (-1.0 if r.utilization is None else r.utilization, r.name))
+        keys = [r.key for r in gpu_rows]
+    else:
+        # By name: every GPU's name, then the values of the page drawn only, where the
+        # selectors can list the GPUs without their values (else every GPU's values).
+        listed = selectors.utilization_listed(start=start, end=end, filters=flt.filters)
+        if listed is None:
+            every_row = selectors.utilization_by_day(
+                start=start, end=end, filters=flt.filters, hours=False
+            )
+            listed = [(r.key, r.name) for r in every_row]
         labels = dict(listed)
         keys = sorted(labels, key=lambda k: labels[k])
-    else:
-        # Utilisation only (no money), per GPU and day, straight from the daily sums: every
-        # GPU's values, to list and sort them (without their offline hours).
-        every_row = selectors.utilization_by_day(
-            start=start, end=end, filters=flt.filters, hours=False
-        )
-        labels = {r.key: r.name for r in every_row}
-        keys = list(labels)
-        if order == "util":  # percentages (0.1 %) of every GPU: the order uses them
-            every = {r.key: percents(r.values) for r in every_row}
-
-            def mean(k: str) -> float:
-                vals = [v for v in every[k] if v is not None]
-                return sum(vals) / len(vals) if vals else -1.0  # display order only
-
-            keys.sort(key=mean)
-        else:
-            keys.sort(key=lambda k: labels[k])
     shown, pager = _page_of(keys, request, flt, order=order)
     # The GPUs drawn: their values and offline hours per day, one statement.
     page_only = dataclasses.replace(flt.filters, gpus=tuple(shown))

@@ -181,6 +181,52 @@ def test_heatmap_pages_through_gpus(role_client, monkeypatch):
     assert not set(lines("1")) & set(lines("2"))
 
 
+def test_heatmap_by_utilisation_lists_the_worst_gpu_first(role_client):
+    """Worst first by each GPU's utilisation over the window, air hours / capacity hours:
+    a GPU in service from noon of the first day, 12 h in the air then idle for two days, is
+    at 12 / 60 = 20 %, between the fleet's 15 % and 30 % GPUs (the mean of its days, 33 %,
+    would put it after the 30 % one)."""
+    import datetime as dt
+    import json
+
+    from fleet.models import Gpu, Node
+    from telemetry.models import HourlyUsage
+    from tests.billing.test_dashboard_data import DAYS, day0
+
+    gpus = make_fleet(4)  # 15, 30, 45, 60 %
+    noon = dt.datetime.combine(day0(), dt.time(12), tzinfo=dt.UTC)
+    node = Node.objects.create(hostname="late-node", pool=gpus[0].node.pool)
+    late = Gpu.objects.create(uuid="GPU-late", node=node, index=0, in_service_at=noon)
+    HourlyUsage.objects.bulk_create(
+        HourlyUsage(
+            gpu=late,
+            hour=noon + dt.timedelta(hours=h),
+            node=node,
+            pool=node.pool,
+            samples=60,
+            observed_s=3600,
+            air_s=3600.0 if h < 12 else 0.0,
+            parked_s=0.0 if h < 12 else 3600.0,
+            computed_at=noon,
+        )
+        for h in range(DAYS * 24 - 12)
+    )
+    html = role_client("viewer").get(_url("heatmap", order="util")).content.decode()
+    data = re.search(
+        r'<script id="chart-heatmap" type="application/json">(.*?)</script>', html, re.S
+    )
+    assert data, html[-1500:]
+    names = json.loads(data.group(1))["data"][0]["y"]
+    label = {g.uuid: f"{g.node.hostname}#{g.index}" for g in gpus}
+    assert names == [
+        label["GPU-test-0000"],
+        "late-node#0",
+        label["GPU-test-0001"],
+        label["GPU-test-0002"],
+        label["GPU-test-0003"],
+    ]
+
+
 def test_break_even_form_recomputes(role_client):
     make_fleet(2)
     client = role_client("finance")
