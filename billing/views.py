@@ -546,9 +546,7 @@ def heatmap(request: HttpRequest) -> HttpResponse:
         # selectors can list the GPUs without their values (else every GPU's values).
         listed = selectors.utilization_listed(start=start, end=end, filters=flt.filters)
         if listed is None:
-            every_row = selectors.utilization_by_day(
-                start=start, end=end, filters=flt.filters, hours=False
-            )
+            every_row = selectors.utilization_by_day(start=start, end=end, filters=flt.filters)
             listed = [(r.key, r.name) for r in every_row]
         labels = dict(listed)
         keys = sorted(labels, key=lambda k: labels[k])

@@ -58,18 +58,13 @@ _UTILIZATION_SQL = """
     SELECT gpu_id,
            array_agg(CASE WHEN cap_s > 0 THEN coalesce(air_s, 0) / cap_s END ORDER BY i),
            bool_or(has_rows OR cap_s > 0),
-           {hours}
+           -- Offline and capacity hours per day (capacity less observed: no samples).
+           array_agg(CASE WHEN cap_s > 0 THEN (cap_s - coalesce(observed_s, 0)) / 3600.0 END
+                     ORDER BY i),
+           array_agg(CASE WHEN cap_s > 0 THEN cap_s / 3600.0 END ORDER BY i)
     FROM cells
     GROUP BY gpu_id
 """
-# Offline and capacity hours per day (capacity less observed: no samples), or none: two
-# arrays of every GPU-day cost a heatmap sorted by utilisation more than the rest.
-_UTILIZATION_HOURS = {
-    True: """array_agg(CASE WHEN cap_s > 0 THEN (cap_s - coalesce(observed_s, 0)) / 3600.0 END
-                     ORDER BY i),
-           array_agg(CASE WHEN cap_s > 0 THEN cap_s / 3600.0 END ORDER BY i)""",
-    False: "NULL::float8[], NULL::float8[]",
-}
 
 
 @dataclass
@@ -150,7 +145,7 @@ def _utilization_params(
 
 
 def _utilization_sql(
-    load: _UtilizationLoad, *, start: dt.date, end: dt.date, hours: bool
+    load: _UtilizationLoad, *, start: dt.date, end: dt.date
 ) -> list[UtilizationRow]:
     """``utilization_by_day`` in one statement (daily table in use, no attribution filter)."""
     gpus = load.gpus
@@ -161,19 +156,19 @@ def _utilization_sql(
         # A GPU-day hash of a large fleet (1,000 × 90) outgrows the default 4 MB and would
         # spill to disk; this statement only, in this transaction.
         cursor.execute("SET LOCAL work_mem = '64MB'")
-        cursor.execute(_UTILIZATION_SQL.replace("{hours}", _UTILIZATION_HOURS[hours]), params)
+        cursor.execute(_UTILIZATION_SQL, params)
         found = {row[0]: row[1:] for row in cursor.fetchall()}
     out = []
     for gpu in gpus.values():  # in the order of the GPU query, as the other path
-        values, shown, offline, capacity = found.get(gpu.id, ([], False, None, None))
+        values, shown, offline, capacity = found.get(gpu.id, ([], False, [], []))
         if shown:
             out.append(
                 UtilizationRow(
                     key=gpu.uuid,
                     name=gpu.label,
                     values=list(values),
-                    offline_hours=list(offline) if offline is not None else [],
-                    capacity_hours=list(capacity) if capacity is not None else [],
+                    offline_hours=list(offline),
+                    capacity_hours=list(capacity),
                 )
             )
     return out
@@ -188,8 +183,7 @@ class UtilizationRow:
     name: str  # "host#index"
     values: list[float | None]
     # Per day as ``values``: capacity hours with no samples, and capacity hours (None where
-    # no capacity). Per day, not per depreciation phase, as ``values``. Empty when asked
-    # without them (``hours=False``) on PostgreSQL.
+    # no capacity). Per day, not per depreciation phase, as ``values``.
     offline_hours: list[float | None]
     capacity_hours: list[float | None]
 
@@ -200,21 +194,18 @@ def utilization_by_day(
     end: dt.date,
     filters: Filters | None = None,
     now: dt.datetime | None = None,
-    hours: bool = True,
 ) -> list[UtilizationRow]:
     """Per GPU and day over [start, end): air hours / capacity hours, the ``utilization`` of
     ``cost_rows(group_by="gpu", period="day")`` (and its offline and capacity hours) without
     the money (so no cost model per
     GPU-day): sums of two columns in SQL, capacity from each GPU's service window. Offline
     hours are taken per day, not per depreciation phase (the same unless a phase observed
-    more than its own calendar hours). Floats throughout: a heatmap shows 0.1 %.
-    ``hours=False``: without the offline and capacity hours where leaving them out saves
-    work (every GPU's values, to sort them, where only a page is drawn)."""
+    more than its own calendar hours). Floats throughout: a heatmap shows 0.1 %."""
     _validate(start=start, end=end, period="day")
     filters = filters or Filters()
     load = _utilization_load(start=start, end=end, filters=filters, now=now)
     if load.sql:
-        return _utilization_sql(load, start=start, end=end, hours=hours)
+        return _utilization_sql(load, start=start, end=end)
     zone, buckets, gpus, now = load.zone, load.buckets, load.gpus, load.now
     window_start, capacity_end = load.window_start, load.capacity_end
     names = _names_load()
