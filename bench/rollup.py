@@ -24,7 +24,10 @@ figures ≤ 1.15 × without. Ratios print last.
 ``--workloads``: instead, the same day with two workloads per sample (two Slurm jobs sharing each
 GPU, ``share_s`` 30 each, ``air_s`` half the sample's air time each) against the day without,
 ``rollup_run`` of each in alternating rounds (the arrays are set or cleared by one UPDATE and a
-VACUUM before each): issue 14's goal is ≤ 1.3× the rollup without.
+VACUUM before each): issue 14's goal is ≤ 1.3× the rollup without. Then the floor any design
+that sums each workload from every sample pays (the GPUs' statement reading the arrays, its six
+position sums, writing the workload rows), each part into empty rollup tables, all parts in
+the same rounds on the same rows. Wall time and the PostgreSQL backend's CPU time, both.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/DB .venv/bin/python bench/rollup.py
 
@@ -359,16 +362,20 @@ def workloads_compare(
             cursor.execute("VACUUM telemetry_workloadhourlyusage")
 
     times: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
     for round_no in range(rounds):
         for on in (False, True) if round_no % 2 == 0 else (True, False):
             arrays(on)
             empty_targets()
-            times[on].append(timed(rollup)[0])
+            wall, cpu_s = backend_cpu_timed(rollup)
+            times[on].append(wall)
+            cpu[on].append(cpu_s)
     without, with_ = min(times[False]), min(times[True])
     # Each round's own ratio (its two runs back to back), and their median: on a machine
     # whose speed drifts by tens of percent between runs, the best of each side may come
     # from different moments, a round's pair from the same one.
     paired = sorted(w / wo for w, wo in zip(times[True], times[False], strict=True))
+    cpu_paired = sorted(w / wo for w, wo in zip(cpu[True], cpu[False], strict=True))
     rows = connection.cursor()
     rows.execute(
         "SELECT count(*) FROM telemetry_workloadhourlyusage WHERE gpu_id = ANY(%s)", [gpu_ids]
@@ -383,7 +390,12 @@ def workloads_compare(
         f"ratio of each round's pair: median {statistics.median(paired):.2f}, "
         f"from {paired[0]:.2f} to {paired[-1]:.2f} ({len(paired)} rounds)"
     )
-    workloads_floor(gpu_ids, lo, hi, arrays, rounds)
+    print(
+        f"PostgreSQL backend CPU: without {statistics.median(cpu[False]):.2f} s, with "
+        f"{statistics.median(cpu[True]):.2f} s (medians); ratio of each round's pair: median "
+        f"{statistics.median(cpu_paired):.2f}, from {cpu_paired[0]:.2f} to {cpu_paired[-1]:.2f}"
+    )
+    workloads_floor(gpu_ids, lo, hi, arrays, empty_targets, rounds)
 
 
 def _gpu_statement(*, position_sums: bool) -> str:
@@ -418,12 +430,19 @@ def _gpu_statement(*, position_sums: bool) -> str:
 
 
 def workloads_floor(
-    gpu_ids: list[int], lo: dt.datetime, hi: dt.datetime, arrays: Any, rounds: int
+    gpu_ids: list[int],
+    lo: dt.datetime,
+    hi: dt.datetime,
+    arrays: Any,
+    empty_targets: Any,
+    rounds: int,
 ) -> None:
     """What any design that keeps a row per workload, GPU and hour must spend: the GPUs'
     statement alone on the samples without and with the workloads' arrays (wider rows), that
     statement plus the six sums two workloads need, and writing the 48,000 workload rows
-    alone (precomputed). Each in a transaction rolled back, best of ``rounds``."""
+    alone (precomputed). Each in a transaction rolled back, into empty rollup tables (a
+    statement that found the rows of the one before would update or skip them instead): the
+    best wall time of ``rounds``, and the median of the PostgreSQL backend's CPU time."""
     from fleet.models import FleetSettings
 
     params = {
@@ -437,23 +456,11 @@ def workloads_floor(
         "now": timezone.now(),
     }
 
-    def best(sql: str, args: Any) -> float:
-        times = []
-        for _ in range(rounds):
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('work_mem', '128MB', true)")
-                t = time.perf_counter()
-                cursor.execute(sql, args)
-                times.append(time.perf_counter() - t)
-                transaction.set_rollback(True)
-        return min(times)
+    from telemetry.rollup import _sql
 
     gpu_only, six_sums = _gpu_statement(position_sums=False), _gpu_statement(position_sums=True)
-    arrays(False)
-    bare = best(gpu_only, params)
+    whole = _sql("rollup_upsert.postgresql")
     arrays(True)
-    wide = best(gpu_only, params)
-    summed = best(six_sums, params)
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -468,29 +475,96 @@ def workloads_floor(
             """,
             [lo, hi],
         )
-    write = best(
-        """
-        INSERT INTO telemetry_workloadhourlyusage (workload_id, gpu_id, hour, samples, gpu_s,
-                                                   air_s, energy_j, computed_at)
-        SELECT workload_id, gpu_id, hour, samples, gpu_s, air_s, gpu_s, now()
-        FROM bench_workload_rows
-        ON CONFLICT (workload_id, gpu_id, hour) DO NOTHING
-        """,
-        None,
-    )
+    parts: dict[str, tuple[str, Any]] = {
+        # The same samples read as if they named no workloads (the arrays taken as NULL where
+        # the statement reads them), so all of them run in the same rounds, on the same rows.
+        "bare": (_without_arrays(gpu_only), params),
+        "wide": (gpu_only, params),
+        "summed": (six_sums, params),
+        "write": (
+            """
+            INSERT INTO telemetry_workloadhourlyusage (workload_id, gpu_id, hour, samples,
+                                                       gpu_s, air_s, energy_j, computed_at)
+            SELECT workload_id, gpu_id, hour, samples, gpu_s, air_s, gpu_s, now()
+            FROM bench_workload_rows
+            ON CONFLICT (workload_id, gpu_id, hour) DO NOTHING
+            """,
+            None,
+        ),
+        # The rollup's whole statement, on the same rows read without and with workloads.
+        "whole_bare": (_without_arrays(whole), params),
+        "whole": (whole, params),
+    }
+    walls: dict[str, list[float]] = {name: [] for name in parts}
+    cpus: dict[str, list[float]] = {name: [] for name in parts}
+    for round_no in range(rounds):
+        order = list(parts) if round_no % 2 == 0 else list(reversed(parts))
+        for name in order:
+            sql, args = parts[name]
+            empty_targets()
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "DELETE FROM telemetry_workloadhourlyusage WHERE gpu_id = ANY(%s)", [gpu_ids]
+                )
+                cursor.execute("VACUUM telemetry_workloadhourlyusage")
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('work_mem', '128MB', true)")
+                wall, cpu_s = backend_cpu_timed(lambda: cursor.execute(sql, args))  # noqa: B023
+                walls[name].append(wall)
+                cpus[name].append(cpu_s)
+                transaction.set_rollback(True)
     with connection.cursor() as cursor:
         cursor.execute("DROP TABLE bench_workload_rows")
-    print(f"floor: the GPUs' statement alone, no workloads {bare:6.2f} s")
-    print(f"floor:   the same samples with two workloads {wide:6.2f} s ({wide / bare:.2f}x)")
-    print(f"floor:   plus the six sums of two workloads {summed:6.2f} s ({summed / bare:.2f}x)")
-    print(f"floor:   writing the workload rows alone {write:6.2f} s ({write / bare:.2f}x)")
-    print(f"floor with no other work: {(summed + write) / bare:.2f}x (the goal: <= 1.30)")
+    for label, figures, pick in (
+        ("wall, best", walls, min),
+        ("PostgreSQL backend CPU, median", cpus, statistics.median),
+    ):
+        bare, wide, summed, write, whole_bare, whole_s = (pick(figures[name]) for name in parts)
+        print(f"floor ({label} of {rounds}):")
+        print(f"  the GPUs' statement alone, no workloads {bare:6.2f} s")
+        print(f"    the same samples with two workloads {wide:6.2f} s ({wide / bare:.2f}x)")
+        print(f"    plus the six sums of two workloads {summed:6.2f} s ({summed / bare:.2f}x)")
+        print(f"    writing the workload rows alone {write:6.2f} s ({write / bare:.2f}x)")
+        print(f"  floor with no other work: {(summed + write) / bare:.2f}x (the goal: <= 1.30)")
+        print(
+            f"  the rollup's whole statement: {whole_bare:.2f} s without, {whole_s:.2f} s with "
+            f"workloads ({whole_s / whole_bare:.2f}x)"
+        )
+
+
+def _without_arrays(sql: str) -> str:
+    """The statement with the samples' workload arrays read as NULL (samples without
+    workloads), in its per-sample part only."""
+    i, j = sql.index("WITH per AS"), sql.index("FROM telemetry_sample AS s")
+    per = sql[i:j]
+    for column, kind in (
+        ("workload_ids", "bigint[]"),
+        ("workload_share_s", "float8[]"),
+        ("workload_air_s", "float8[]"),
+    ):
+        per = per.replace(f"s.{column}", f"(NULL::{kind})")
+    return sql[:i] + per + sql[j:]
 
 
 def timed(fn: Any) -> tuple[float, Any]:
     t = time.perf_counter()
     value = fn()
     return time.perf_counter() - t, value
+
+
+def backend_cpu_timed(fn: Any) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this connection's PostgreSQL backend) of ``fn()``.
+
+    The backend's CPU time (utime + stime, 10 ms ticks) leaves out the waits that other jobs
+    on a shared machine add to the wall time; a drift of the machine's speed moves both."""
+    from bench.sizing import backend_cpu_s
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    cpu = backend_cpu_s(pid)
+    wall, _ = timed(fn)
+    return wall, backend_cpu_s(pid) - cpu
 
 
 def main() -> None:
