@@ -385,10 +385,12 @@ def cost_rows_after(
     """The first ``limit`` rows of ``cost_rows`` after the place ``after`` (None: from the
     first), and the place of the last of them where more rows follow (else None).
 
-    Computes only the buckets it needs, from the first one at or after ``after``: one
-    bucket, then as many as the rows seen so far say will fill the page (at least twice as
-    many each time); prices only the rows it returns. A page of a year of daily GPU rows
-    costs one day's computation, not the year's."""
+    Computes only the buckets it needs, from the first one at or after ``after``: first as
+    many as the page would need if every bucket held as many rows as it can (a row per GPU,
+    team, … there is: ``_rows_per_bucket_at_most``), then as many as the rows seen so far
+    say will fill it (at least twice as many each time); prices only the rows it returns. A
+    page of a year of daily GPU rows costs one day's computation, not the year's; a page of
+    a quarter of monthly team rows one computation, not two."""
     _validate(start=start, end=end, period=period, group_by=group_by)
     filters = filters or Filters()
     loaded = _load(start=start, end=end, filters=filters, now=now)
@@ -398,7 +400,7 @@ def cost_rows_after(
         while first < len(buckets) and buckets[first].key < after[0]:
             first += 1
     found: list[tuple[_Group, _Computation]] = []
-    size = 1
+    size = max(1, math.ceil((limit + 1) / _rows_per_bucket_at_most(loaded, group_by)))
     while first < len(buckets) and len(found) <= limit:
         last = min(first + size, len(buckets))
         part_start = max(start, buckets[first].key)
@@ -416,6 +418,25 @@ def cost_rows_after(
     if len(found) <= limit:
         return rows, None
     return rows, found[limit - 1][0].place()
+
+
+def _rows_per_bucket_at_most(loaded: _Loaded, group_by: str) -> int:
+    """How many rows one bucket can hold (one per group), as far as the loaded fleet tells:
+    a bound that sizes a cursor page's first computation, never its rows. Late data for a
+    closed month adds rows of its own, and rows keep the node a GPU had then, so a bucket
+    may hold more; the page then computes further buckets as it would have."""
+    names = loaded.names
+    if group_by == "fleet":
+        return 1
+    if group_by == "team":
+        return len(names.teams) + 1  # each team and the unassigned row
+    if group_by == "pool":
+        return len(names.pools) + 1
+    if group_by == "site":
+        return len(names.sites) + 1
+    if group_by == "model":
+        return max(1, len({gpu.model_key for gpu in loaded.gpus.values()}))
+    return max(1, len(loaded.gpus))  # gpu; node: at most a row per GPU as a rule
 
 
 def _parts(

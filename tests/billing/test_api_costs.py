@@ -460,9 +460,9 @@ def test_cursor_pages_are_the_rows_of_the_whole(
 def test_a_cursor_page_computes_only_the_buckets_it_needs(
     worked_example: Any, fleet: Any, frozen: Any
 ) -> None:
-    # The worked example's GPU has one row a day from 2 March: the first page of two rows
-    # (and one more, to know a next page exists) computes one day, then two more (twice as
-    # many; at one row a day, two days fill it), never the range.
+    # The worked example's GPU has one row a day from 2 March, and the fleet one GPU, so a
+    # bucket holds one row at most: the first page of two rows (and one more, to know a next
+    # page exists) computes three days at once, never the range.
     parts: list[tuple[dt.date, dt.date]] = []
     real_compute = costs_selectors._compute
 
@@ -476,13 +476,40 @@ def test_a_cursor_page_computes_only_the_buckets_it_needs(
             start=start, end=end, after=None, limit=2, group_by="gpu", period="day"
         )
     assert [r.period_start.date() for r in rows] == [dt.date(2026, 3, 2), dt.date(2026, 3, 3)]
-    assert parts == [(start, dt.date(2026, 3, 3)), (dt.date(2026, 3, 3), dt.date(2026, 3, 5))]
+    assert parts == [(start, dt.date(2026, 3, 5))]
     assert after == (dt.date(2026, 3, 3), "GPU-example", "")
     parts.clear()
     with mock.patch.object(costs_selectors, "_compute", recorded):
         rows, after = selectors.cost_rows_after(
             start=start, end=end, after=after, limit=2, group_by="gpu", period="day"
         )
-    # From the cursor's own bucket (a row of it may follow the cursor), then onwards.
+    # From the cursor's own bucket (a row of it may follow the cursor): three days, of which
+    # 3 March's row is the cursor's, so two rows, not the three the page needs; then twice
+    # as many days (to the range's end).
     assert [r.period_start.date() for r in rows] == [dt.date(2026, 3, 4), dt.date(2026, 3, 5)]
-    assert parts[0] == (dt.date(2026, 3, 3), dt.date(2026, 3, 4))
+    assert parts == [(dt.date(2026, 3, 3), dt.date(2026, 3, 6)), (dt.date(2026, 3, 6), end)]
+
+
+def test_a_cursor_page_of_few_groups_is_one_computation(
+    worked_example: Any, fleet: Any, frozen: Any
+) -> None:
+    # Two teams (research and platform) make at most three rows a month with the unassigned
+    # row: a page of 100 team rows over three months is computed in one part (101 rows
+    # wanted, 3 per month at most: 34 months' worth), not a month and then the rest.
+    fleet.team("platform")
+    _retired_in_february(worked_example, fleet)
+    start, end = dt.date(2026, 1, 1), dt.date(2026, 3, 9)
+    parts: list[tuple[dt.date, dt.date]] = []
+    real_compute = costs_selectors._compute
+
+    def recorded(**kwargs: Any) -> Any:
+        parts.append((kwargs["start"], kwargs["end"]))
+        return real_compute(**kwargs)
+
+    with mock.patch.object(costs_selectors, "_compute", recorded):
+        rows, after = selectors.cost_rows_after(
+            start=start, end=end, after=None, limit=100, group_by="team", period="month"
+        )
+    assert parts == [(start, end)] and after is None
+    assert rows == selectors.cost_rows(start=start, end=end, group_by="team", period="month")
+    assert [r.period_start.month for r in rows] == [1, 2, 3]
