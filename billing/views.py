@@ -414,35 +414,25 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
     """
     flt = dashboard_filters(request.GET)
     show_money = _can_view_costs(request)
-    # GPUs and models from one computation over the rollups.
-    grouped = selectors.cost_rows_by(
+    # GPUs and models from one computation over the rollups; each GPU's row deferred: every
+    # GPU is ordered by its figures, the rows of the page drawn are made whole.
+    grouped = selectors.cost_rows_deferred_by(
         start=flt.start,
         end=flt.end_exclusive,
         group_bys=("gpu", "model"),
         period="all",
         filters=flt.filters,
     )
-    rows, by_model = grouped["gpu"], grouped["model"]
-    # One query for what the rollups do not hold (model, node, last seen): plain values, no
-    # model instances (a thousand GPUs).
-    gpus = {
-        uuid: (model_name if model_id is not None else gpu_name, hostname, last_seen)
-        for uuid, model_id, model_name, gpu_name, hostname, last_seen in Gpu.objects.filter(
-            uuid__in=[r.key for r in rows]
-        ).values_list("uuid", "model_id", "model__name", "name", "node__hostname", "last_seen_at")
-    }
+    rows, by_model = grouped["gpu"], [d.row() for d in grouped["model"]]
     now = timezone.now()
     board: list[dict[str, Any]] = []
     for r in rows:
-        found = gpus.get(r.key)
-        last_seen = found[2] if found else None
+        last_seen = r.last_seen_at
         board.append(
             {
                 "row": r,
                 "name": r.name,
                 "uuid": r.key,
-                "model": found[0] if found else "",
-                "node": found[1] if found else "",
                 "utilization": r.utilization,
                 "work_utilization": r.work_utilization,
                 "hours_in_air_per_day": r.hours_in_air_per_day,
@@ -466,8 +456,16 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
     present.sort(key=lambda b: b[attr], reverse=direction == "desc")
     board = present + missing  # unknowns last whichever way
     shown, pager = _page_of(board, request, flt, sort=sort, dir=direction)
+    # What the rollups do not hold (model, node) for the rows drawn: plain values, one query.
+    gpus = {
+        uuid: (model_name if model_id is not None else gpu_name, hostname)
+        for uuid, model_id, model_name, gpu_name, hostname in Gpu.objects.filter(
+            uuid__in=[b["uuid"] for b in shown]
+        ).values_list("uuid", "model_id", "model__name", "name", "node__hostname")
+    }
     for b in shown:  # the text of the rows drawn only
-        r = b.pop("row")
+        r = b.pop("row").row()
+        b["model"], b["node"] = gpus.get(b["uuid"], ("", ""))
         b["utilization_text"] = pct(r.utilization)
         b["work_text"] = _work_text(r)
         b["air_text"] = num(r.hours_in_air_per_day)
@@ -535,9 +533,9 @@ def heatmap(request: HttpRequest) -> HttpResponse:
         # Worst first: each GPU's utilisation over the window (air hours / capacity hours, the
         # fleet board's), from its cost row, not from every GPU's value of every day (a year
         # of 1,000 GPUs took 1.4 s that way); no capacity first, then by name.
-        gpu_rows = selectors.cost_rows(
-            start=start, end=end, group_by="gpu", period="all", filters=flt.filters
-        )
+        gpu_rows = selectors.cost_rows_deferred_by(
+            start=start, end=end, group_bys=("gpu",), period="all", filters=flt.filters
+        )["gpu"]
         labels = {r.key: r.name for r in gpu_rows}
         gpu_rows.sort(key=lambda r: (-1.0 if r.utilization is None else r.utilization, r.name))
         keys = [r.key for r in gpu_rows]

@@ -1,12 +1,16 @@
-"""Request id (with one access log line per request) and Content Security Policy middleware."""
+"""Request id (with one access log line per request), Content Security Policy and garbage
+collector pause middleware."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import re
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.core.signals import request_finished
@@ -97,3 +101,47 @@ class ContentSecurityPolicyMiddleware:
         response = self.get_response(request)
         response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
         return response
+
+
+# --- the cyclic garbage collector, paused while a request is served ------------------------
+_gc_lock = threading.Lock()
+_gc_depth = 0  # requests (threads) inside gc_paused() now
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector held off for the block, then as it was before.
+
+    A page of 10,000 GPUs makes some 10^5 objects that live until its response is made (each
+    GPU's facts, sums, segments, rows). While they accumulate, the collector runs every few
+    hundred allocations and walks the young ones again, and its full collections walk the
+    whole heap: 30 % of the fleet board's time at 10,000 GPUs (docs/benchmarks.md). Those
+    objects hold no reference cycles that matter; reference counting frees them when the
+    response is done, and the collector runs again after. Nested and threaded use (the
+    development server serves requests in threads) keep it off until the last block ends.
+    """
+    global _gc_depth, _gc_was_enabled
+    with _gc_lock:
+        if _gc_depth == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_depth += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_depth -= 1
+            if _gc_depth == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+class GcPauseMiddleware:
+    """Serves each request with the cyclic garbage collector paused (``gc_paused``)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        with gc_paused():
+            return self.get_response(request)

@@ -27,12 +27,14 @@ Money is Decimal in full precision (round only when shown); hours are floats.
 
 from billing.selectors.breakeven import BreakevenResult, breakeven_compute, breakeven_workload
 from billing.selectors.costs import (
+    DeferredRow,
     FleetSummary,
     RowPlace,
     cost_rows,
     cost_rows_after,
     cost_rows_by,
     cost_rows_counted,
+    cost_rows_deferred_by,
     cost_rows_in_parts,
     fleet_overview,
     fleet_summary,
@@ -58,6 +60,7 @@ __all__ = [
     "UNASSIGNED_NAME",
     "BreakevenResult",
     "CostRow",
+    "DeferredRow",
     "Filters",
     "FleetSummary",
     "UtilizationRow",
@@ -68,6 +71,7 @@ __all__ = [
     "cost_rows_after",
     "cost_rows_by",
     "cost_rows_counted",
+    "cost_rows_deferred_by",
     "cost_rows_in_parts",
     "fleet_overview",
     "fleet_summary",

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -154,6 +155,37 @@ def _hours(seconds: float) -> float:
     return float(cm.hours_from_seconds(seconds=seconds))
 
 
+@dataclass(frozen=True)
+class _Lead:
+    """The figures of a row that a list is ordered by (the fleet board's columns), each from
+    ``billing.cost_model``: ``_cost_row`` takes them from here, so a row ordered by its lead
+    shows the same numbers."""
+
+    air_h: Decimal
+    utilization: float | None
+    hours_in_air_per_day: float | None
+    work_utilization: float | None
+    throttled_hours: float
+    offline_hours: float
+
+
+def _lead(acc: _Acc) -> _Lead:
+    s = acc.sums
+    air_h = cm.hours_from_seconds(seconds=s["air_s"])
+    return _Lead(
+        air_h=air_h,
+        utilization=cm.utilization(air_hours=air_h, capacity_hours=acc.capacity_h),
+        hours_in_air_per_day=cm.hours_in_air_per_day(
+            air_hours=air_h, capacity_hours=acc.capacity_h
+        ),
+        work_utilization=cm.activity_share(
+            active_seconds=s["sm_active_s"], measured_seconds=s["sm_observed_s"]
+        ),
+        throttled_hours=_hours(s["throttle_any_s"]),
+        offline_hours=float(acc.offline_h),
+    )
+
+
 def _cost_row(
     acc: _Acc,
     *,
@@ -164,9 +196,11 @@ def _cost_row(
     currency: str,
     closed: bool = False,
     adjustment_for: str | None = None,
+    lead: _Lead | None = None,
 ) -> CostRow:
     s = acc.sums
-    air_h = cm.hours_from_seconds(seconds=s["air_s"])
+    lead = lead or _lead(acc)
+    air_h = lead.air_h
     observed_h = cm.hours_from_seconds(seconds=s["observed_s"])
     total = cm.total_cost(fixed_cost=acc.fixed_cost, energy_cost=acc.energy_cost)
     # Work figures only where some sample carried sm_active: None, never 0, otherwise.
@@ -183,11 +217,9 @@ def _cost_row(
         air_hours=float(air_h),
         held_hours=_hours(s["held_s"]),
         parked_hours=_hours(s["parked_s"]),
-        offline_hours=float(acc.offline_h),
-        utilization=cm.utilization(air_hours=air_h, capacity_hours=acc.capacity_h),
-        hours_in_air_per_day=cm.hours_in_air_per_day(
-            air_hours=air_h, capacity_hours=acc.capacity_h
-        ),
+        offline_hours=lead.offline_hours,
+        utilization=lead.utilization,
+        hours_in_air_per_day=lead.hours_in_air_per_day,
         energy_kwh=float(acc.energy_kwh),
         idle_energy_kwh=float(acc.idle_energy_kwh),
         energy_per_gpu_hour_kwh=cm.energy_per_gpu_hour_kwh(
@@ -200,7 +232,7 @@ def _cost_row(
         idle_cost=acc.idle_cost,
         cost_per_air_hour=cm.cost_per_air_hour(total_cost=total, air_hours=air_h),
         co2e_kg=acc.co2e_kg,
-        throttled_hours=_hours(s["throttle_any_s"]),
+        throttled_hours=lead.throttled_hours,
         throttled_power_cap_hours=_hours(s["throttle_power_cap_s"]),
         throttled_thermal_hours=_hours(s["throttle_thermal_s"]),
         throttled_hw_slowdown_hours=_hours(s["throttle_hw_slowdown_s"]),
@@ -212,9 +244,7 @@ def _cost_row(
             if work_h is not None
             else None
         ),
-        work_utilization=cm.activity_share(
-            active_seconds=s["sm_active_s"], measured_seconds=profiled_s
-        ),
+        work_utilization=lead.work_utilization,
         tensor_hours=_hours(s["tensor_active_s"]) if s["tensor_observed_s"] > 0 else None,
         tensor_utilization=cm.activity_share(
             active_seconds=s["tensor_active_s"], measured_seconds=s["tensor_observed_s"]
@@ -320,12 +350,23 @@ def cost_rows_by(
     """``cost_rows`` for several groupings of the same period and filters, from one
     computation (a page that shows GPUs and models, or teams and pools, reads the rollups
     once): ``{group_by: rows}``, each list as ``cost_rows`` returns it."""
+    computation = _grouped_compute(start, end, group_bys, period, filters, now)
+    return {group_by: _rows(computation, group_by) for group_by in group_bys}
+
+
+def _grouped_compute(
+    start: dt.date,
+    end: dt.date,
+    group_bys: tuple[str, ...],
+    period: str,
+    filters: Filters | None,
+    now: dt.datetime | None,
+) -> _Computation:
+    """The one computation several groupings of the same rows are made from, the arguments
+    checked first."""
     for group_by in group_bys:
         _validate(start=start, end=end, period=period, group_by=group_by)
-    computation = _compute(
-        start=start, end=end, period=period, filters=filters or Filters(), now=now
-    )
-    return {group_by: _rows(computation, group_by) for group_by in group_bys}
+    return _compute(start=start, end=end, period=period, filters=filters or Filters(), now=now)
 
 
 def cost_rows_in_parts(
@@ -490,13 +531,13 @@ def _row(
     entry: _Group,
     computation: _Computation,
     spans: dict[tuple[dt.date, dt.date], set[int]],
+    acc: _Acc | None = None,
+    lead: _Lead | None = None,
 ) -> CostRow:
     """A group's row: its segments accumulated through the cost model (and the GPUs that
-    pooled segments of its bucket stand for)."""
-    acc = entry.acc or _accumulated(entry.segments, computation.names)
-    for (first, last), ids in spans.items():
-        if first <= entry.bucket.key < last:
-            acc.gpu_ids |= ids
+    pooled segments of its bucket stand for); ``acc`` and ``lead``: those of
+    ``_row_acc`` and ``_lead`` where a deferred row made them already."""
+    acc = acc or _row_acc(entry, computation, spans)
     return _cost_row(
         acc,
         key=entry.key,
@@ -506,7 +547,82 @@ def _row(
         currency=computation.currency,
         closed=entry.adjusts is None and entry.bucket.key in computation.closed_buckets,
         adjustment_for=entry.adjusts,
+        lead=lead,
     )
+
+
+def _row_acc(
+    entry: _Group,
+    computation: _Computation,
+    spans: dict[tuple[dt.date, dt.date], set[int]],
+) -> _Acc:
+    acc = entry.acc or _accumulated(entry.segments, computation.names)
+    for (first, last), ids in spans.items():
+        if first <= entry.bucket.key < last:
+            acc.gpu_ids |= ids
+    return acc
+
+
+@dataclass
+class DeferredRow:
+    """A group's cost row before it is made: its money accumulated, the figures a list is
+    ordered by (the fleet board's columns, the same values as the row's), and ``row()``,
+    which makes the whole ``CostRow`` on demand. A page of 10,000 GPUs orders them all and
+    makes the rows it shows. ``last_seen_at``: the GPU's, for ``group_by="gpu"`` (else
+    None)."""
+
+    key: str
+    name: str
+    utilization: float | None
+    work_utilization: float | None
+    hours_in_air_per_day: float | None
+    idle_cost: Decimal
+    offline_hours: float
+    throttled_hours: float
+    priced: bool
+    last_seen_at: dt.datetime | None
+    make: Callable[[], CostRow] = dataclasses.field(repr=False, compare=False)
+
+    def row(self) -> CostRow:
+        return self.make()
+
+
+def cost_rows_deferred_by(
+    *,
+    start: dt.date,
+    end: dt.date,
+    group_bys: tuple[str, ...],
+    period: str = "all",
+    filters: Filters | None = None,
+    now: dt.datetime | None = None,
+) -> dict[str, list[DeferredRow]]:
+    """``cost_rows_by`` with every row deferred: the same groups in the same order, each
+    row's money accumulated and its ordering figures computed, the rest of the row made by
+    ``row()`` (``[d.row() for d in rows]`` is ``cost_rows_by``'s list)."""
+    computation = _grouped_compute(start, end, group_bys, period, filters, now)
+    spans = _pooled_spans(computation)
+    out: dict[str, list[DeferredRow]] = {}
+    for group_by in group_bys:
+        rows = out[group_by] = []
+        for entry in _groups(computation, group_by):
+            acc = _row_acc(entry, computation, spans)
+            lead = _lead(acc)
+            rows.append(
+                DeferredRow(
+                    key=entry.key,
+                    name=entry.name,
+                    utilization=lead.utilization,
+                    work_utilization=lead.work_utilization,
+                    hours_in_air_per_day=lead.hours_in_air_per_day,
+                    idle_cost=acc.idle_cost,
+                    offline_hours=lead.offline_hours,
+                    throttled_hours=lead.throttled_hours,
+                    priced=acc.priced,
+                    last_seen_at=entry.segments[0].gpu.last_seen_at if group_by == "gpu" else None,
+                    make=functools.partial(_row, entry, computation, spans, acc, lead),
+                )
+            )
+    return out
 
 
 def fleet_trend(

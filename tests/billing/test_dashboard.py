@@ -342,3 +342,53 @@ def test_gpu_page_hourly_chart_draws_each_rollup_hour(worked_example, finance):
     util, power, temp, throttled = (t["y"][0] for t in traces[:4])
     assert traces[0]["x"][0].startswith("2026-03-02T00:00")
     assert (util, power, temp, throttled) == (round(row.air_s / 36, 1), 412.5, 71.0, 25.0)
+
+
+def test_deferred_rows_are_the_cost_rows_with_their_figures(db):
+    """Every grouping of ``cost_rows_deferred_by`` makes ``cost_rows_by``'s rows, in its
+    order, and each deferred row's ordering figures are its row's."""
+    import datetime as dt
+
+    from billing import selectors
+    from tests.billing.test_dashboard_data import DAYS, day0
+
+    make_fleet(4)
+    start = day0()
+    end = start + dt.timedelta(days=DAYS)
+    groupings = ("gpu", "model", "team", "pool", "fleet")
+    whole = selectors.cost_rows_by(start=start, end=end, group_bys=groupings)
+    deferred = selectors.cost_rows_deferred_by(start=start, end=end, group_bys=groupings)
+    for group_by in groupings:
+        rows = [d.row() for d in deferred[group_by]]
+        assert rows == whole[group_by] and rows
+        for d, row in zip(deferred[group_by], rows, strict=True):
+            assert (d.key, d.name, d.priced) == (row.key, row.name, row.priced)
+            assert d.utilization == row.utilization
+            assert d.work_utilization == row.work_utilization
+            assert d.hours_in_air_per_day == row.hours_in_air_per_day
+            assert d.idle_cost == row.idle_cost
+            assert d.offline_hours == row.offline_hours
+            assert d.throttled_hours == row.throttled_hours
+    utilisations = sorted(d.utilization for d in deferred["gpu"])
+    assert utilisations == pytest.approx([0.15, 0.30, 0.45, 0.60])
+
+
+def test_fleet_board_makes_only_the_rows_it_draws(role_client, monkeypatch):
+    """Every GPU is ordered, by its idle cost here; only the page's GPUs are made whole
+    rows (and the models' rows for the chart)."""
+    from billing.selectors import costs
+
+    monkeypatch.setattr("billing.views.BOARD_PAGE_SIZE", 3)
+    make_fleet(4)
+    made: list[str] = []
+    real_row = costs._row
+
+    def counted(entry, *args):
+        made.append(entry.key)
+        return real_row(entry, *args)
+
+    monkeypatch.setattr(costs, "_row", counted)
+    html = role_client("finance").get(_url("fleet-board")).content.decode()
+    drawn = re.findall(r'class="uuid">(GPU-test-\d+)', html)
+    assert len(drawn) == 3
+    assert sorted(k for k in made if k.startswith("GPU-test-")) == sorted(drawn)
