@@ -9,8 +9,18 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection
-from django.db.models import Case, IntegerField, Q, QuerySet, Sum, Value, When
-from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
+from django.db.models import (
+    Case,
+    DateField,
+    FloatField,
+    IntegerField,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, TruncDay, TruncMonth, TruncWeek
 
 from billing import cost_model as cm
 from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight, month_after
@@ -35,22 +45,32 @@ def _filtered(rows: QuerySet[Any], filters: Filters) -> QuerySet[Any]:
 
 
 def _summed(rows: QuerySet[Any] | list[QuerySet[Any]], fields: list[str]) -> list[dict[str, Any]]:
-    """The rollup sums of ``rows`` per ``fields``, as dicts. The statement is Django's, the
-    values as PostgreSQL sends them: Django's per-value converters (``float`` of a float,
-    ``int`` of an integer, a bucket made aware and back) cost more than the query on a large
-    fleet. A bucket is a date, or a local midnight as a datetime (see ``_compute``).
+    """The rollup sums of ``rows`` per ``fields``, as dicts of ``fields`` and ``"sums"`` (each
+    of ``USAGE_SUM_COLUMNS`` as a float: the segment's sums). The statement is Django's, the
+    values as PostgreSQL sends them, every sum a float8 already: Django's per-value
+    converters (``float`` of a float, ``int`` of an integer, a bucket made aware and back)
+    cost more than the query on a large fleet. A bucket is a date, or a local midnight as a
+    datetime (see ``_compute``).
 
     Several querysets (of tables with the same sums: the monthly and the daily rows of one
     window) are summed together on PostgreSQL, in one statement over their union: one row per
     GPU and attribution for the whole window rather than one per table."""
     sets = rows if isinstance(rows, list) else [rows]
     summed = [
-        qs.values(*fields).annotate(**{f: Sum(f) for f in _SUM_FIELDS}).order_by() for qs in sets
+        qs.values(*fields)
+        .annotate(**{f: Cast(Sum(f), FloatField()) for f in _SUM_FIELDS})
+        .order_by()
+        for qs in sets
     ]
     if connection.vendor != "postgresql":
         # SQLite sends dates and datetimes as text: it needs Django's converters (and its
         # fleets are small).
-        return [row for qs in summed for row in qs]
+        out = []
+        for qs in summed:
+            for row in qs:
+                row["sums"] = {f: float(row.pop(f) or 0) for f in _SUM_FIELDS}
+                out.append(row)
+        return out
     parts = [qs.query.sql_with_params() for qs in summed]
     sql, params = parts[0][0], list(parts[0][1])
     if len(parts) > 1:
@@ -60,10 +80,18 @@ def _summed(rows: QuerySet[Any] | list[QuerySet[Any]], fields: list[str]) -> lis
         # Django's own statements and quoted constant names: no value is spliced in.
         sql = f"SELECT {keys}, {sums} FROM ({union}) AS parts GROUP BY {keys}"  # noqa: S608
         params = [value for _, more in parts for value in more]
+    n = len(fields)
+    out = []
     with read_cursor() as cursor:
         cursor.execute(sql, params)
-        names = [*fields, *_SUM_FIELDS]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        for values in cursor.fetchall():
+            row = dict(zip(fields, values[:n], strict=True))
+            found = values[n:]
+            if None in found:  # never (the sum columns are NOT NULL), but 0 would stand for it
+                found = tuple(v or 0.0 for v in found)
+            row["sums"] = dict(zip(_SUM_FIELDS, found, strict=True))
+            out.append(row)
+    return out
 
 
 def _any_row(rows: QuerySet[Any]) -> bool:
@@ -193,7 +221,9 @@ def _compute(
                 if trunc is None:
                     fields.append("day")
                 else:
-                    dailies = dailies.annotate(bucket=trunc("day"))
+                    # A date (PostgreSQL's date_trunc gives a timestamp, parsed in Python
+                    # at ~3 µs a row: a row per GPU and month or week).
+                    dailies = dailies.annotate(bucket=Cast(trunc("day"), DateField()))
                     fields.append("bucket")
                 for row in _summed(dailies, fields):
                     if "day" in row:
@@ -256,11 +286,12 @@ def _compute(
                 pool_id=row["pool_id"],
                 team_id=row["team_id"],
                 site_id=row["site_id"],
-                sums={f: float(row[f] or 0) for f in _SUM_FIELDS},
+                sums=row["sums"],
             )
         else:
+            found_sums = row["sums"]
             for f in _SUM_FIELDS:
-                segment.sums[f] += float(row[f] or 0)
+                segment.sums[f] += found_sums[f]
     segments: list[_Segment] = list(merged.values())
     if pooled_days:
         segments += _pooled_segments(
