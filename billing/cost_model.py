@@ -205,6 +205,12 @@ def mean_rate_per_hour(*, fixed_cost: Decimal, capacity_hours: Decimal) -> Decim
 
 
 # --- capacity -------------------------------------------------------------------------------
+def capacity_hours(*, observed_s: Number, offline_hours: Decimal) -> Decimal:
+    """A GPU's capacity hours over a stretch: the hours it was observed plus the hours it was
+    offline (docs/metrics.md)."""
+    return hours_from_seconds(observed_s) + offline_hours
+
+
 def capacity_interval(
     *,
     service_start: dt.datetime | None,
@@ -377,7 +383,7 @@ def segment_costs(
     segment (~1 µs less than the single-purpose calls). ``pue``, the tariff and the grid
     intensity are ``Decimal``; the seconds, joules and profiled hours are rollup floats.
     """
-    capacity_h = hours_from_seconds(observed_s) + offline_hours
+    capacity_h = capacity_hours(observed_s=observed_s, offline_hours=offline_hours)
     air_h = hours_from_seconds(air_s)
     energy_kwh = kwh_from_joules(energy_j)
     idle_energy_kwh = kwh_from_joules(idle_energy_j)

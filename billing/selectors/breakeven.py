@@ -68,7 +68,7 @@ def breakeven_workload(*, pool: str | None) -> dict[str, Any]:
 
 
 def _capacity_h(segment: _Segment) -> Decimal:
-    return cm.to_decimal(segment.sums["observed_s"]) / cm.SECONDS_PER_HOUR + segment.offline_h
+    return cm.capacity_hours(observed_s=segment.sums["observed_s"], offline_hours=segment.offline_h)
 
 
 def _energy_terms(segments: list[_Segment], names: _NamesAndSiteTerms) -> tuple[Decimal, Decimal]:
