@@ -124,6 +124,9 @@ def cookie(response: Any) -> Any:
 # --- a real streaming standby of the test cluster ------------------------------------------
 
 STANDBY_PREFIX = "gpufleet-standby-"
+# pg_basebackup copies the whole cluster, every database in it: past this it would take minutes
+# and fill the disk (a benchmark's data set left behind is 10 GB or more), so the build stops.
+STANDBY_MAX_CLUSTER_BYTES = 2 * 2**30
 # What a hot standby needs at least as large as its primary's (PostgreSQL refuses to start).
 _MATCHED = (
     "max_connections",
@@ -222,6 +225,19 @@ def _bindir(major: int) -> Path:
     raise StandbyError(f"no pg_basebackup for PostgreSQL {major}")
 
 
+def _cluster_size_check(sizes: Sequence[tuple[str, int]]) -> None:
+    """Refuses a cluster too large to copy, naming its largest databases."""
+    total = sum(size for _, size in sizes)
+    if total > STANDBY_MAX_CLUSTER_BYTES:
+        largest = ", ".join(f"{name} {size / 2**30:.2f} GiB" for name, size in sizes[:3])
+        raise StandbyError(
+            f"the PostgreSQL cluster holds {total / 2**30:.2f} GiB (largest: {largest}), more "
+            f"than the {STANDBY_MAX_CLUSTER_BYTES / 2**30:.0f} GiB a standby is copied for "
+            "here: pg_basebackup copies every database; drop the ones the tests do not use "
+            "(benchmark data sets: bench_*)"
+        )
+
+
 def standby_build() -> Standby:
     """A running standby of the test database's server, caught up and streaming."""
     primary = connections["default"]
@@ -232,6 +248,11 @@ def standby_build() -> Standby:
             "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", [list(_MATCHED)]
         )
         matched = dict(cursor.fetchall())
+        cursor.execute(
+            "SELECT datname, pg_database_size(datname) FROM pg_database ORDER BY 2 DESC, 1"
+        )
+        sizes = cursor.fetchall()
+    _cluster_size_check(sizes)
     bindir = _bindir(major)
     for leftover in Path(tempfile.gettempdir()).glob(f"{STANDBY_PREFIX}*"):
         if time.time() - leftover.stat().st_mtime > 600:  # a killed run's; ours take < 1 min
