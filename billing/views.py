@@ -440,7 +440,7 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
                 "offline_hours": r.offline_hours,
                 "throttled_hours": r.throttled_hours,
                 "last_seen": last_seen,
-                "stale": last_seen is None or now - last_seen > dt.timedelta(minutes=15),
+                "stale": selectors.offline_now(last_seen, now),
                 "priced": r.priced,
             }
         )
