@@ -322,7 +322,8 @@ def page_urls(start: dt.datetime, end: dt.datetime) -> dict[str, str]:
         "gpu detail": f"/gpus/{gpu_uuid}/?{rng}",
         # The finance API's first JSON page (limit 100) over the whole window; the end date
         # is exclusive there. Cursor pages (the default); one from the middle of the window
-        # (what following `next` costs); and limit/offset pages, which count every row.
+        # (what following `next` costs); and limit/offset pages, which count every row (per
+        # bucket, without computing them) and compute the page's buckets.
         "api gpu/day": f"/api/v1/costs?{api_rng}&group_by=gpu&period=day",
         "api gpu/day, mid cursor": f"/api/v1/costs?{api_rng}&group_by=gpu&period=day"
         f"&cursor={cursor_token((first + (last - first) / 2, '', ''))}",

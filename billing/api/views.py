@@ -101,7 +101,8 @@ class CostRowPagination(RowPagination):
     """The costs' JSON pages. By default a cursor: ``next`` carries the place of the page's
     last row, and the next page is computed from its bucket on (no ``count``, forward only),
     so each page costs what its rows cost. With ``offset``, limit/offset pages with ``count``
-    as before: every row of the range is computed to be counted (only the page's are priced).
+    as before: the rows of each bucket are counted without computing them where the fleet
+    allows (``selectors.cost_rows_counted``), and the page's buckets computed.
     The order is the selectors' (period_start, key), so pages are stable either way. Bad
     values answer 400 naming the parameter (config.api.Pagination)."""
 
@@ -183,7 +184,7 @@ class CostsView(FinanceAPIView):
             "One row per group and period over [start, end) (dates in the report time zone). "
             "JSON is paginated in a stable order (period_start, key): by a cursor (follow "
             "`next`; each page computes only its rows), or with `offset` by limit/offset "
-            "with `count` (every row of the range is computed to be counted). CSV "
+            "with `count` (rows counted per period, only the page's periods computed). CSV "
             "(`format=csv` or `Accept: text/csv`) streams every row with the same columns. "
             "Grouped by team, each row names the team's `cost_center` after its `name`. "
             "Money fields are decimal strings with two decimals, rounded half-up, in "

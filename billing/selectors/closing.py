@@ -152,6 +152,24 @@ def segment_figures(segment: _Segment, computation: _Computation) -> dict[str, A
     }
 
 
+def _closes(
+    start: dt.date, end: dt.date
+) -> tuple[dict[dt.date, int], dict[dt.date, dt.date], list[tuple[dt.date, dt.date, bool]]]:
+    """The closed months; those whose late data is booked in [start, end) → the day it is
+    booked on (the first day of the booking month); and [start, end) in open and closed runs."""
+    closed = closed_months()
+    bookings = {m: booking_month(m, closed) for m in closed}
+    booked_here = {m: b for m, b in bookings.items() if start <= b < end}
+    return closed, booked_here, list(_runs(start, end, closed))
+
+
+def touched_by_closes(start: dt.date, end: dt.date) -> bool:
+    """Whether a closed month lies in [start, end) or books its late data there: then the
+    figures are not the live computation's alone."""
+    _, booked_here, runs = _closes(start, end)
+    return bool(booked_here) or any(is_closed for _, _, is_closed in runs)
+
+
 def compute(
     *,
     start: dt.date,
@@ -163,11 +181,7 @@ def compute(
     loaded: _Loaded | None = None,
 ) -> _Computation:
     """``_compute``, with closed months frozen and their late data booked as adjustments."""
-    closed = closed_months()
-    # Late data of a closed month is booked on the first day of its booking month.
-    bookings = {m: booking_month(m, closed) for m in closed}
-    booked_here = {m: b for m, b in bookings.items() if start <= b < end}
-    runs = list(_runs(start, end, closed))
+    closed, booked_here, runs = _closes(start, end)
     if not booked_here and all(not is_closed for _, _, is_closed in runs):
         return _compute(
             start=start,

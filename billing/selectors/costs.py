@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -16,8 +17,9 @@ from billing import cost_model as cm
 from billing.selectors.calendar import _buckets
 from billing.selectors.closing import adjustment_negligible
 from billing.selectors.closing import compute as _compute
+from billing.selectors.counting import BucketCounts, bucket_counts
 from billing.selectors.loading import _load, _Loaded, _loaded_within
-from billing.selectors.sums import _kept
+from billing.selectors.sums import _kept_now
 from billing.selectors.types import (
     UNASSIGNED_NAME,
     CostRow,
@@ -25,6 +27,7 @@ from billing.selectors.types import (
     _Acc,
     _Bucket,
     _Computation,
+    _GpuInfo,
     _NamesAndSiteTerms,
     _Segment,
     _validate,
@@ -32,11 +35,20 @@ from billing.selectors.types import (
 )
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 
+logger = logging.getLogger(__name__)
+
 
 # --- grouping -------------------------------------------------------------------------------
 def _group(segment: _Segment, group_by: str, names: _NamesAndSiteTerms) -> tuple[str, str]:
     """(key, name) of the group a segment belongs to."""
-    gpu = segment.gpu
+    return _group_of(segment.gpu, segment, group_by, names)
+
+
+def _group_of(
+    gpu: _GpuInfo, at: _Segment | _GpuInfo, group_by: str, names: _NamesAndSiteTerms
+) -> tuple[str, str]:
+    """(key, name) of the group of ``gpu`` with the attribution (node, pool, team, site) of
+    ``at``: a segment's stored one, or the GPU's own now."""
     if group_by == "gpu":
         return gpu.uuid, gpu.label
     if group_by == "model":
@@ -44,9 +56,9 @@ def _group(segment: _Segment, group_by: str, names: _NamesAndSiteTerms) -> tuple
     if group_by == "fleet":
         return "fleet", "Fleet"
     if group_by == "site":
-        found: str | None = names.site(segment.site_id).name
+        found: str | None = names.site(at.site_id).name
     else:
-        ids = {"node": segment.node_id, "pool": segment.pool_id, "team": segment.team_id}
+        ids = {"node": at.node_id, "pool": at.pool_id, "team": at.team_id}
         table = {"node": names.nodes, "pool": names.pools, "team": names.teams}[group_by]
         found = table.get(ids[group_by] or 0)
     return (found, found) if found else ("", UNASSIGNED_NAME)
@@ -401,15 +413,106 @@ def cost_rows_counted(
     filters: Filters | None = None,
     now: dt.datetime | None = None,
 ) -> tuple[int, list[CostRow]]:
-    """How many rows ``cost_rows_in_parts`` gives, and its rows [offset, offset + limit):
-    every part is computed and its rows counted, but only the rows returned are priced."""
+    """How many rows ``cost_rows_in_parts`` gives, and its rows [offset, offset + limit).
+
+    Where the rows of each bucket can be counted without computing them
+    (``counting.bucket_counts``), only the buckets the page's rows lie in are computed: a
+    page of a quarter of daily GPU rows costs what its days cost. Otherwise every part is
+    computed and its rows counted; either way only the rows returned are priced."""
+    _validate(start=start, end=end, period=period, group_by=group_by)
+    filters = filters or Filters()
+    parts = list(parts)
+    loaded = _load(start=start, end=end, filters=filters, now=now)
+
+    def computed(sub: Filters) -> set[tuple[int, str]]:
+        index = {b.key: i for i, b in enumerate(_buckets(start, end, period, loaded.zone))}
+        gpus = {g.id: g for g in loaded.gpus.values() if g.uuid in sub.gpus}
+        only = dataclasses.replace(loaded, gpus=gpus)
+        return {
+            (index[entry.bucket.key], entry.key)
+            for _, groups in _parts(start, end, parts, group_by, period, sub, loaded=only)
+            for entry in groups
+        }
+
+    counted = bucket_counts(
+        loaded=loaded,
+        start=start,
+        end=end,
+        parts=parts,
+        period=period,
+        filters=filters,
+        group_key=lambda gpu, names: _group_of(gpu, gpu, group_by, names)[0],
+        computed=computed,
+    )
+    if counted is not None:
+        page = _counted_page(
+            counted, loaded, start, end, parts, offset, limit, group_by, period, filters
+        )
+        if page is not None:
+            return sum(counted.counts), page
     count, page = 0, []
-    for computation, groups in _parts(start, end, parts, group_by, period, filters, now):
+    for computation, groups in _parts(start, end, parts, group_by, period, filters, loaded=loaded):
         spans = _pooled_spans(computation)
         for entry in groups[max(0, offset - count) : max(0, offset + limit - count)]:
             page.append(_row(entry, computation, spans))
         count += len(groups)
     return count, page
+
+
+def _counted_page(
+    counted: BucketCounts,
+    loaded: _Loaded,
+    start: dt.date,
+    end: dt.date,
+    parts: list[tuple[dt.date, dt.date]],
+    offset: int,
+    limit: int,
+    group_by: str,
+    period: str,
+    filters: Filters,
+) -> list[CostRow] | None:
+    """Rows [offset, offset + limit) of a query whose rows per bucket are counted: the buckets
+    they lie in computed, part by part as ``_parts`` computes them. None (and a warning)
+    where those buckets hold another number of rows than counted: a fault of the count, so
+    the caller computes every row instead."""
+    buckets, counts = counted.buckets, counted.counts
+    before, first = 0, 0
+    while first < len(buckets) and before + counts[first] <= offset:
+        before += counts[first]
+        first += 1
+    last, upto = first, before
+    while last < len(buckets) and upto < offset + limit:
+        upto += counts[last]
+        last += 1
+    found: list[tuple[_Group, _Computation]] = []
+    for part_start, part_end in parts:
+        inside = [
+            i for i in range(first, last) if part_start <= max(start, buckets[i].key) < part_end
+        ]
+        if not inside:
+            continue
+        following = inside[-1] + 1
+        computation = _compute(
+            start=max(part_start, buckets[inside[0]].key),
+            end=min(part_end, buckets[following].key) if following < len(buckets) else end,
+            period=period,
+            filters=filters,
+            now=loaded.now,
+            loaded=_loaded_within(loaded, start=part_start, end=part_end),
+        )
+        found += [(entry, computation) for entry in _groups(computation, group_by)]
+    if len(found) != upto - before:
+        logger.warning(
+            "costs count: %d rows counted in %s..%s, %d computed; computing every row",
+            upto - before,
+            buckets[first].key if first < len(buckets) else end,
+            buckets[last - 1].key if last > first else end,
+            len(found),
+        )
+        return None
+    page = found[offset - before : offset - before + limit]
+    spans = {id(comp): _pooled_spans(comp) for _, comp in page}
+    return [_row(entry, comp, spans[id(comp)]) for entry, comp in page]
 
 
 def cost_rows_after(
@@ -487,12 +590,14 @@ def _parts(
     group_by: str,
     period: str,
     filters: Filters | None,
-    now: dt.datetime | None,
+    now: dt.datetime | None = None,
+    loaded: _Loaded | None = None,
 ) -> Iterator[tuple[_Computation, list[_Group]]]:
-    """Each part's computation and its rows unpriced, the fleet read once for all."""
+    """Each part's computation and its rows unpriced, the fleet read once for all (or given:
+    ``loaded``)."""
     _validate(start=start, end=end, period=period, group_by=group_by)
     filters = filters or Filters()
-    loaded = _load(start=start, end=end, filters=filters, now=now)
+    loaded = loaded or _load(start=start, end=end, filters=filters, now=now)
     for part_start, part_end in parts:
         computation = _part(loaded, part_start, part_end, period, filters)
         yield computation, _groups(computation, group_by)
@@ -708,14 +813,7 @@ def _summary(computation: _Computation, filters: Filters) -> FleetSummary:
     in_service = offline = 0
     current = computation.now
     for info in computation.gpus.values():
-        if not _kept(
-            info,
-            site_id=info.site_id,
-            pool_id=info.pool_id,
-            team_id=info.team_id,
-            filters=filters,
-            names=computation.names,
-        ):
+        if not _kept_now(info, filters, computation.names):
             continue
         if info.service_start is None or info.service_start > current:
             continue

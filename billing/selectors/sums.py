@@ -390,6 +390,19 @@ def _kept(
     return not (filters.gpus and gpu.uuid not in filters.gpus)
 
 
+def _kept_now(gpu: _GpuInfo, filters: Filters, names: _NamesAndSiteTerms) -> bool:
+    """Whether the filters keep this GPU at its current attribution (where its offline hours
+    go)."""
+    return _kept(
+        gpu,
+        site_id=gpu.site_id,
+        pool_id=gpu.pool_id,
+        team_id=gpu.team_id,
+        filters=filters,
+        names=names,
+    )
+
+
 def _segment_kept(segment: _Segment, filters: Filters, names: _NamesAndSiteTerms) -> bool:
     return _kept(
         segment.gpu,

@@ -14,7 +14,7 @@ from django.utils import timezone
 from billing import cost_model as cm
 from billing.selectors.calendar import _buckets, _local_midnight, _report_zone
 from billing.selectors.loading import _daily_zone, _gpu_info, _gpu_rows, _names_load, _Rates
-from billing.selectors.sums import _by_attribution, _filtered, _kept
+from billing.selectors.sums import _by_attribution, _filtered, _kept, _kept_now
 from billing.selectors.types import Filters, _Bucket, _GpuInfo, _validate
 from config.replica import read_cursor
 from fleet.models import FleetSettings, Gpu
@@ -266,14 +266,7 @@ def utilization_by_day(
     out: list[UtilizationRow] = []
     for gpu in gpus.values():
         # Offline hours go to the current attribution; the filters decide on that.
-        current_kept = _kept(
-            gpu,
-            site_id=gpu.site_id,
-            pool_id=gpu.pool_id,
-            team_id=gpu.team_id,
-            filters=filters,
-            names=names,
-        )
+        current_kept = _kept_now(gpu, filters, names)
         span = cm.capacity_interval(
             service_start=gpu.service_start,
             retired_at=gpu.retired_at,

@@ -36,16 +36,16 @@ PAGES = {
     "break-even": f"/breakeven/?{QUERY}",
     "GPU page": f"/gpus/GPU-count-0001/?{QUERY}",
     "alerts": "/alerts/",
-    # A cursor page computes the days its rows need, so a page that ends inside the range
-    # reads fewer days (and may skip the day in progress): a limit both fleets' rows fit in
-    # keeps the pages alike. The limit/offset page computes every day to count the rows.
+    # A page computes the days its rows need, so a page that ends inside the range reads
+    # fewer days (and may skip the day in progress): a limit both fleets' rows fit in keeps
+    # the pages alike. The limit/offset page counts the rows without computing them.
     "GET /api/v1/costs by GPU and day": (
         f"/api/v1/costs?start={FIRST_DAY.isoformat()}&end=2026-03-11&group_by=gpu&period=day"
         "&limit=1000"
     ),
     "GET /api/v1/costs by GPU and day, limit/offset": (
         f"/api/v1/costs?start={FIRST_DAY.isoformat()}&end=2026-03-11&group_by=gpu&period=day"
-        "&offset=0"
+        "&offset=0&limit=1000"
     ),
     "GET /api/v1/costs by team and month": (
         f"/api/v1/costs?start={FIRST_DAY.isoformat()}&end=2026-03-11&group_by=team&period=month"

@@ -531,9 +531,7 @@ def test_redis_down_ingest_works_and_rollups_catch_up(
             if worker.poll() == EXIT_STUCK:  # the supervisor's part
                 worker = start_worker()
             if time.monotonic() - sent_at >= beat_every:
-                sender.send_task(
-                    "telemetry.tasks.rollup_task", queue=queue, expires=beat_every - 1
-                )
+                sender.send_task("telemetry.tasks.rollup_task", queue=queue, expires=beat_every - 1)
                 sent_at = time.monotonic()
             return not RollupPending.objects.exists() and HourlyUsage.objects.count() == 8
 

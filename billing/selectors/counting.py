@@ -1,0 +1,226 @@
+"""How many cost rows each period bucket of a query holds, without computing the rows: what a
+limit/offset page needs for its ``count`` and to find the buckets its rows lie in.
+
+A row is a group of segments (``costs._groups``). A GPU gives a bucket its segments where it
+has rollup rows there (stored attribution) or offline hours (current attribution): every
+bucket its capacity reaches, since without rows its offline hours are its capacity. So where
+every rollup row of a GPU in the range carries its current attribution ("plain"), its rows
+are those of the buckets its capacity reaches, under its current group, plus the buckets
+outside them where it has rollup rows anyway (data before its service start, after its
+retirement or with no service start: a short index read per GPU). That is arithmetic on the
+buckets, not a computation of 24 × 365 GPU-hours. The other GPUs (moved between nodes,
+pools, teams or sites within the months of the range, as the monthly pre-aggregate tells) are
+computed the usual way, restricted to them.
+
+Closed months (frozen figures, late-data adjustments) and the plain path (SQLite, a report
+zone the pre-aggregates are not built for) have no such arithmetic: ``None``, and the caller
+computes every row as before.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from billing import cost_model as cm
+from billing.selectors.calendar import _buckets, _local_midnight, month_after
+from billing.selectors.closing import touched_by_closes
+from billing.selectors.loading import _Loaded
+from billing.selectors.sums import _kept_now
+from billing.selectors.types import Filters, _Bucket, _GpuInfo, _NamesAndSiteTerms
+from config.replica import read_cursor
+
+# (bucket index, group key) of the rows of GPUs computed the usual way.
+Computed = Callable[[Filters], set[tuple[int, str]]]
+GroupKey = Callable[[_GpuInfo, _NamesAndSiteTerms], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketCounts:
+    """The buckets of a query and how many rows each holds."""
+
+    buckets: list[_Bucket]
+    counts: list[int]
+
+
+# The GPUs whose monthly rows in the months of the range carry another attribution than
+# theirs now. Constant SQL: the values come as arrays.
+_MOVED_SQL = """
+SELECT DISTINCT m.gpu_id
+FROM telemetry_monthlyusage m
+JOIN unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
+     AS c(gpu_id, node_id, pool_id, team_id, site_id) ON c.gpu_id = m.gpu_id
+WHERE m.month >= %s AND m.month < %s
+  AND (m.node_id IS DISTINCT FROM c.node_id OR m.pool_id IS DISTINCT FROM c.pool_id
+       OR m.team_id IS DISTINCT FROM c.team_id OR m.site_id IS DISTINCT FROM c.site_id)
+"""
+
+# The hours with rollup rows of each GPU in [window start, capacity end) outside its capacity
+# [lo, hi): two index ranges per GPU (empty as a rule).
+_OUTSIDE_SQL = """
+SELECT c.gpu_id, u.hour
+FROM (
+    SELECT gpu_id, 'epoch'::timestamptz + lo_us * interval '1 microsecond' AS lo,
+           'epoch'::timestamptz + hi_us * interval '1 microsecond' AS hi
+    FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS a(gpu_id, lo_us, hi_us)
+) c
+CROSS JOIN LATERAL (
+    SELECT h.hour FROM telemetry_hourlyusage h
+    WHERE h.gpu_id = c.gpu_id AND h.hour >= %s AND h.hour < LEAST(c.lo, %s)
+    UNION ALL
+    SELECT h.hour FROM telemetry_hourlyusage h
+    WHERE h.gpu_id = c.gpu_id AND h.hour >= GREATEST(c.hi, %s) AND h.hour < %s
+) u
+"""
+
+
+def bucket_counts(
+    *,
+    loaded: _Loaded,
+    start: dt.date,
+    end: dt.date,
+    parts: Sequence[tuple[dt.date, dt.date]],
+    period: str,
+    filters: Filters,
+    group_key: GroupKey,
+    computed: Computed,
+) -> BucketCounts | None:
+    """The rows per bucket of ``cost_rows_in_parts`` over ``parts`` (GPUs retired before a
+    part's start are not in it), or None where only computing them tells. ``group_key``: a
+    GPU's group at its current attribution; ``computed(filters)``: the (bucket index, key)
+    of the rows the usual computation gives under ``filters`` (for the moved GPUs)."""
+    if not loaded.daily_zone or touched_by_closes(start, end):
+        return None
+    zone, now, names = loaded.zone, loaded.now, loaded.names
+    buckets = _buckets(start, end, period, zone)
+    starts = [b.start for b in buckets]
+    ends = [b.end for b in buckets]
+    window_start, window_end = starts[0], ends[-1]
+    capacity_end = max(window_start, min(window_end, now))
+    # The window start of the part each bucket is computed in.
+    part_starts = [_local_midnight(first, zone).astimezone(dt.UTC) for first, _ in parts]
+    part_of = [max(0, bisect.bisect_right(part_starts, b.start) - 1) for b in buckets]
+
+    gpus = loaded.gpus
+    moved = _moved(gpus, start, end)
+    plain = [g for g in gpus.values() if g.id not in moved]
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    reach: dict[int, tuple[int, int, str]] = {}  # kept plain GPU → its buckets and key
+    caps: dict[int, tuple[dt.datetime, dt.datetime]] = {}
+    for gpu in plain:
+        if not _kept_now(gpu, filters, names):
+            continue  # every row of it carries this attribution: none is kept
+        cap = cm.capacity_interval(
+            service_start=gpu.service_start,
+            retired_at=gpu.retired_at,
+            start=window_start,
+            end=window_end,
+            now=now,
+        )
+        lo, hi = cap or (capacity_end, capacity_end)
+        first, last = bisect.bisect_right(ends, lo), bisect.bisect_left(starts, hi)
+        key = group_key(gpu, names)
+        if cap is not None and first < last:
+            spans[key].append((first, last))
+        reach[gpu.id] = (first, last if cap is not None else first, key)
+        if lo > window_start or hi < capacity_end:  # else no hour is outside its capacity
+            caps[gpu.id] = (lo, hi)
+
+    more: set[tuple[int, str]] = set()
+    for gpu_id, hour in _outside(caps, window_start, capacity_end):
+        i = bisect.bisect_right(starts, hour) - 1
+        first, last, key = reach[gpu_id]
+        if i < 0 or hour >= ends[i] or first <= i < last:
+            continue
+        retired = gpus[gpu_id].retired_at
+        if retired is None or retired > part_starts[part_of[i]]:
+            more.add((i, key))
+    if moved:
+        uuids = tuple(sorted(gpus[g].uuid for g in moved))
+        more |= computed(dataclasses.replace(filters, gpus=uuids))
+
+    steps = [0] * (len(buckets) + 1)
+    covered: dict[str, list[tuple[int, int]]] = {}
+    for key, found in spans.items():
+        merged = covered[key] = _merged(found)
+        for first, last in merged:
+            steps[first] += 1
+            steps[last] -= 1
+    counts, running = [], 0
+    for step in steps[:-1]:
+        running += step
+        counts.append(running)
+    for i, key in more:
+        if not any(first <= i < last for first, last in covered.get(key, ())):
+            counts[i] += 1
+    return BucketCounts(buckets=buckets, counts=counts)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    spans.sort()
+    out = [spans[0]]
+    for first, last in spans[1:]:
+        if first <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return out
+
+
+def _moved(gpus: dict[int, _GpuInfo], start: dt.date, end: dt.date) -> set[int]:
+    """The GPUs with a monthly row of another attribution in the months [start, end) touches
+    (a superset of the range: a GPU moved just outside it is computed, which is exact too)."""
+    infos = list(gpus.values())
+    with read_cursor() as cursor:
+        cursor.execute(
+            _MOVED_SQL,
+            [
+                _array([g.id for g in infos]),
+                _array([g.node_id for g in infos]),
+                _array([g.pool_id for g in infos]),
+                _array([g.team_id for g in infos]),
+                _array([g.site_id for g in infos]),
+                start.replace(day=1),
+                month_after(end - dt.timedelta(days=1)),
+            ],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _array(ids: Sequence[int | None]) -> str:
+    """Integers (or None) as a PostgreSQL array literal, cast in the statement: the driver's
+    adaptation of 10,000-element lists costs more than the query."""
+    return "{" + ",".join("NULL" if i is None else str(int(i)) for i in ids) + "}"
+
+
+def _epoch_us(moment: dt.datetime) -> int:
+    delta = moment - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _outside(
+    caps: dict[int, tuple[dt.datetime, dt.datetime]],
+    window_start: dt.datetime,
+    capacity_end: dt.datetime,
+) -> list[tuple[int, dt.datetime]]:
+    ids = list(caps)  # read even when empty: the queries of a page are the same for any fleet
+    with read_cursor() as cursor:
+        cursor.execute(
+            _OUTSIDE_SQL,
+            [
+                _array(ids),
+                _array([_epoch_us(caps[i][0]) for i in ids]),
+                _array([_epoch_us(caps[i][1]) for i in ids]),
+                window_start,
+                capacity_end,
+                window_start,
+                capacity_end,
+            ],
+        )
+        return list(cursor.fetchall())
