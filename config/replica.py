@@ -110,16 +110,38 @@ def read_alias() -> str:
 
 
 @contextmanager
-def read_cursor(*, atomic: bool = False) -> Iterator[CursorWrapper]:
+def read_cursor(*, atomic: bool = False, binary: bool = False) -> Iterator[CursorWrapper]:
     """A cursor for raw SQL that only reads, on the database the ORM reads from now.
-    ``atomic``: inside a transaction of its own there (for ``SET LOCAL``)."""
+    ``atomic``: inside a transaction of its own there (for ``SET LOCAL``). ``binary``: the
+    results in PostgreSQL's binary format (``binary_cursor``)."""
     alias = read_alias()
+    connection = connections[alias]
+    opened = binary_cursor(connection) if binary else connection.cursor()
     if atomic:
-        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        with transaction.atomic(using=alias), opened as cursor:
             yield cursor
     else:
-        with connections[alias].cursor() as cursor:
+        with opened as cursor:
             yield cursor
+
+
+def binary_cursor(connection: Any) -> CursorWrapper:
+    """A cursor of ``connection`` (PostgreSQL) whose results come in the binary format: a
+    float8 arrives as its 8 bytes and a timestamptz as an integer, read in C, where Django's
+    cursors read text (tens of thousands of rows of 25 sums: ~0.1 s of parsing saved). The
+    values are the same (PostgreSQL writes a float8 as text in its shortest exact form).
+    Parameters are bound on the server, so the statement must name its GROUP BY columns by
+    position (Django's statements on PostgreSQL do). Wrapped as Django wraps its own cursors:
+    queries logged and counted, database errors Django's."""
+    import psycopg
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = psycopg.Cursor(connection.connection)
+    raw.format = psycopg.pq.Format.BINARY
+    if connection.queries_logged:
+        return cast(CursorWrapper, connection.make_debug_cursor(raw))
+    return cast(CursorWrapper, connection.make_cursor(raw))
 
 
 def replica_reads(fn: Callable[P, T]) -> Callable[P, T]:

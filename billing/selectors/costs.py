@@ -12,6 +12,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import reduce
+from operator import add, itemgetter
 
 from billing import cost_model as cm
 from billing.selectors.calendar import _buckets
@@ -30,6 +32,7 @@ from billing.selectors.types import (
     _GpuInfo,
     _NamesAndSiteTerms,
     _Segment,
+    _SiteTerms,
     _validate,
     offline_now,
 )
@@ -39,11 +42,6 @@ logger = logging.getLogger(__name__)
 
 
 # --- grouping -------------------------------------------------------------------------------
-def _group(segment: _Segment, group_by: str, names: _NamesAndSiteTerms) -> tuple[str, str]:
-    """(key, name) of the group a segment belongs to."""
-    return _group_of(segment.gpu, segment, group_by, names)
-
-
 def _group_of(
     gpu: _GpuInfo, at: _Segment | _GpuInfo, group_by: str, names: _NamesAndSiteTerms
 ) -> tuple[str, str]:
@@ -55,12 +53,15 @@ def _group_of(
         return gpu.model_key, gpu.model_name
     if group_by == "fleet":
         return "fleet", "Fleet"
-    if group_by == "site":
-        found: str | None = names.site(at.site_id).name
-    else:
-        ids = {"node": at.node_id, "pool": at.pool_id, "team": at.team_id}
-        table = {"node": names.nodes, "pool": names.pools, "team": names.teams}[group_by]
-        found = table.get(ids[group_by] or 0)
+    found: str | None
+    if group_by == "team":
+        found = names.teams.get(at.team_id or 0)
+    elif group_by == "pool":
+        found = names.pools.get(at.pool_id or 0)
+    elif group_by == "node":
+        found = names.nodes.get(at.node_id or 0)
+    else:  # site
+        found = names.site(at.site_id).name
     return (found, found) if found else ("", UNASSIGNED_NAME)
 
 
@@ -133,34 +134,40 @@ def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Ac
     are: they hold negated frozen figures, so whether each has capacity is its own sign."""
     acc = _Acc()
     gpu_ids = acc.gpu_ids
-    classes: dict[tuple[object, ...], _Segment] = {}
+    classes: dict[tuple[object, ...], tuple[_SiteTerms, list[_Segment]]] = {}
     for segment in segments:
         if segment.adjusts is not None:
             _accumulate(acc, segment, names)
             continue
-        gpu, sums, offline_h = segment.gpu, segment.sums, segment.offline_h
-        if sums["observed_s"] > 0 or offline_h > 0:  # both ≥ 0: capacity > 0
+        gpu = segment.gpu
+        if segment.sums["observed_s"] > 0 or segment.offline_h > 0:  # both ≥ 0: capacity > 0
             gpu_ids.add(gpu.id)
         site = segment.site_terms or names.site(segment.site_id)
-        key = (
-            gpu.kind,
-            gpu.rates[segment.phase],
-            gpu.terms is None,
-            site,
-            gpu.max_power_w,
-            gpu.idle_power_w,
-        )
-        merged = classes.get(key)
-        if merged is None:
-            classes[key] = dataclasses.replace(segment, sums=dict(sums), site_terms=site)
-            continue
-        merged_sums = merged.sums
-        for name in _SUM_FIELDS:
-            merged_sums[name] += sums[name]
-        merged.offline_h += offline_h
-    for merged in classes.values():
-        _priced_into(acc, merged, names)
+        key = (gpu.price_class[segment.phase], site)
+        found = classes.get(key)
+        if found is None:
+            classes[key] = (site, [segment])
+        else:
+            found[1].append(segment)
+    for site, members in classes.values():
+        _priced_into(acc, _merged(members, site), names)
     return acc
+
+
+def _merged(members: list[_Segment], site: _SiteTerms) -> _Segment:
+    """One segment standing for ``members`` (of one price class): their sums and offline
+    hours added in their order, each sum a left fold from the first member's (the same
+    floats as adding them one by one), in C rather than a Python loop per member."""
+    first = members[0]
+    rest = members[1:]
+    sums = first.sums
+    if rest:
+        dicts = [m.sums for m in rest]
+        sums = {name: reduce(add, map(itemgetter(name), dicts), sums[name]) for name in sums}
+        offline_h = reduce(add, (m.offline_h for m in rest), first.offline_h)
+    else:
+        sums, offline_h = dict(sums), first.offline_h
+    return dataclasses.replace(first, sums=sums, offline_h=offline_h, site_terms=site)
 
 
 def _hours(seconds: float) -> float:
@@ -307,8 +314,9 @@ def _groups(computation: _Computation, group_by: str) -> list[_Group]:
     every other group is priced only when its row is made (``_row``), so a page prices only
     the rows it shows."""
     groups: dict[tuple[_Bucket, str, str | None], _Group] = {}
+    names = computation.names
     for segment in computation.segments:
-        key, name = _group(segment, group_by, computation.names)
+        key, name = _group_of(segment.gpu, segment, group_by, names)
         adjusts = f"{segment.adjusts:%Y-%m}" if segment.adjusts is not None else None
         found = groups.get((segment.bucket, key, adjusts))
         if found is None:

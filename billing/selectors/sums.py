@@ -25,7 +25,14 @@ from billing import cost_model as cm
 from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight, month_after
 from billing.selectors.loading import _load, _Loaded
 from billing.selectors.pooled import _poolable, _pooled_segments
-from billing.selectors.types import Filters, _Computation, _GpuInfo, _NamesAndSiteTerms, _Segment
+from billing.selectors.types import (
+    Filters,
+    _Bucket,
+    _Computation,
+    _GpuInfo,
+    _NamesAndSiteTerms,
+    _Segment,
+)
 from config.replica import read_cursor
 from fleet.models import Node
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
@@ -81,7 +88,7 @@ def _summed(rows: QuerySet[Any] | list[QuerySet[Any]], fields: list[str]) -> lis
         params = [value for _, more in parts for value in more]
     n = len(fields)
     out = []
-    with read_cursor() as cursor:
+    with read_cursor(binary=True) as cursor:
         cursor.execute(sql, params)
         for values in cursor.fetchall():
             row = dict(zip(fields, values[:n], strict=True))
@@ -249,6 +256,8 @@ def _compute(
         sum_rows += _summed_hourly(hourly, filters, period=period, zone=zone, whens=whens)
 
     buckets_by_key = {b.key: b for b in buckets}
+    # The bucket of each value a row's bucket column takes (a few per query).
+    bucket_of: dict[Any, _Bucket | None] = {}
     # One segment per GPU, bucket, phase and attribution, whichever table its sums came from.
     merged: dict[tuple[Any, ...], _Segment] = {}
     for row in sum_rows:
@@ -256,17 +265,19 @@ def _compute(
         if owner is None:
             continue
         if period == "all":
-            key = start
+            bucket = buckets_by_key.get(start)
         else:
             # A day of the daily table; a week or month of it truncated in SQL (midnight of
             # the session's zone); or hourly rows truncated in the report zone (local time).
             found = row["bucket"]
-            if isinstance(found, dt.datetime):
-                found = found.date()
-            key = _bucket_key(found, period, start)
-        bucket = buckets_by_key.get(key)
+            if found in bucket_of:
+                bucket = bucket_of[found]
+            else:
+                day = found.date() if isinstance(found, dt.datetime) else found
+                bucket = bucket_of[found] = buckets_by_key.get(_bucket_key(day, period, start))
         if bucket is None:
             continue
+        key = bucket.key
         phase = row.get("phase", -1)
         if phase < 0:  # no depreciation boundary within the window
             ends = owner.boundary_hour
@@ -310,7 +321,9 @@ def _compute(
 
     # Offline hours: calendar capacity per phase less what was observed, to the current owner.
     position = {b.key: i for i, b in enumerate(buckets)}
+    lengths: dict[tuple[dt.datetime, dt.datetime], Decimal] = {}  # most GPUs share a span
     for info in gpus.values():
+        phases = info.phase_intervals()
         own = buckets
         pooled_span = pooled_days.get(info.id)
         if pooled_span is not None:  # its offline hours on those days are in pooled segments
@@ -326,13 +339,13 @@ def _compute(
             )
             if span is None:
                 continue
-            for phase, lo, hi in info.phase_intervals():
+            for phase, lo, hi in phases:
                 if (lo and lo >= span[1]) or (hi and hi <= span[0]):
                     continue  # no capacity in this phase: no offline hours
-                capacity_h = cm.hours_between(
-                    start=max(span[0], lo) if lo else span[0],
-                    end=min(span[1], hi) if hi else span[1],
-                )
+                edges = (max(span[0], lo) if lo else span[0], min(span[1], hi) if hi else span[1])
+                capacity_h = lengths.get(edges)
+                if capacity_h is None:
+                    capacity_h = lengths[edges] = cm.hours_between(start=edges[0], end=edges[1])
                 offline_h = cm.offline_hours(
                     capacity_hours=capacity_h,
                     observed_hours=observed_h.get((info.id, bucket.key, phase), Decimal(0)),
@@ -352,7 +365,8 @@ def _compute(
                         )
                     )
 
-    segments = [s for s in segments if _segment_kept(s, filters, names)]
+    if filters != Filters():
+        segments = [s for s in segments if _segment_kept(s, filters, names)]
     return _Computation(
         currency=fleet_settings.currency,
         zone=zone,

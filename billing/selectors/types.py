@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -123,6 +124,15 @@ class _GpuInfo:
     def kind(self) -> str | None:
         return self.terms.kind if self.terms else None
 
+    @functools.cached_property
+    def price_class(self) -> tuple[tuple[object, ...], ...]:
+        """Per phase, what of this GPU decides its price class (the site's terms are the
+        rest): kind, fixed rate, whether it has a cost profile, nominal power."""
+        return tuple(
+            (self.kind, rate, self.terms is None, self.max_power_w, self.idle_power_w)
+            for rate in self.rates
+        )
+
     def phase_intervals(self) -> list[tuple[int, dt.datetime | None, dt.datetime | None]]:
         """(phase, from, to) with open ends as None."""
         if self.boundary_hour is None:
@@ -140,7 +150,7 @@ class _Bucket:
     local_end: dt.datetime
 
 
-@dataclass
+@dataclass(slots=True)
 class _Segment:
     """One GPU, one bucket, one attribution, one phase: observed sums or offline hours."""
 
