@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import functools
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -123,15 +122,6 @@ class _GpuInfo:
     @property
     def kind(self) -> str | None:
         return self.terms.kind if self.terms else None
-
-    @functools.cached_property
-    def price_class(self) -> tuple[tuple[object, ...], ...]:
-        """Per phase, what of this GPU decides its price class (the site's terms are the
-        rest): kind, fixed rate, whether it has a cost profile, nominal power."""
-        return tuple(
-            (self.kind, rate, self.terms is None, self.max_power_w, self.idle_power_w)
-            for rate in self.rates
-        )
 
     def phase_intervals(self) -> list[tuple[int, dt.datetime | None, dt.datetime | None]]:
         """(phase, from, to) with open ends as None."""
