@@ -1,7 +1,8 @@
 """Dashboard pages of two checkouts timed in turn, on one kept bench database.
 
     DATABASE_URL=postgres://…/bench_y10k python bench/pages_turn.py BEFORE_DIR AFTER_DIR \\
-        [--pages "overview,fleet board"] [--rounds 3] [--requests 3]
+        [--pages "overview,fleet board" | "overview;api gpu/day, offset+count"] [--rounds 3]
+        [--requests 3]
 
 ``bench/dashboard.py`` times each page of one checkout; run twice, minutes apart, on a machine
 whose speed drifts by tens of percent (docs/benchmarks.md), two checkouts' figures are not
@@ -88,7 +89,9 @@ def main() -> int:
         sys.exit("no kept data set in this database: build one with bench/dashboard.py --keep")
     urls = page_urls(start, end)
     print(f"{'page':<26} {'before ms':>10} {'after ms':>10} {'after/before':>13}  rounds")
-    for page in args.pages.split(","):
+    # Pages apart by commas, or by semicolons where a page's name holds a comma
+    # ("api gpu/day, offset+count").
+    for page in args.pages.split(";" if ";" in args.pages else ","):
         medians: dict[str, list[float]] = {"before": [], "after": []}
         for round_no in range(args.rounds):
             order = ("before", "after") if round_no % 2 == 0 else ("after", "before")
