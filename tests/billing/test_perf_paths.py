@@ -488,3 +488,18 @@ def test_rows_outside_capacity_are_counted(
             # From 20 February: 4 GPUs' 19 days, the late one's 8, the retired one's 6 in
             # February (its March rows are after it left, in a part without it), GPU-loose's.
             assert count == 4 * 19 + 8 + 6 + 1
+
+
+@needs_postgres
+@pytest.mark.parametrize("group_by", ["gpu", "pool", "team"])
+def test_offset_pages_counted_in_a_zone_behind_utc(
+    awkward: dict[str, Any], fleet: FleetBuilder, group_by: str
+) -> None:
+    # The report zone New York (its daily table rebuilt for it), from 20 February: parts of
+    # two months, a daylight saving change on 8 March, local days of 23 and 25 UTC hours.
+    from telemetry.rollup import daily_usage_rebuild
+
+    fleet.settings(report_time_zone="America/New_York")
+    daily_usage_rebuild()
+    for period in ("day", "week", "month"):
+        assert _offset_pages_match(selectors.Filters(), group_by, period, dt.date(2026, 2, 20))
