@@ -16,7 +16,8 @@ the window (split hour), those of another are retired mid-window, another node h
 
 ``dump`` imports the project from the current directory (run it from the checkout whose code
 is measured), so the same file measures two checkouts on the same data. It fixes ``now`` at
-the data's last hour, and reads ``cost_rows_by`` for every group_by and period, unfiltered
+the data's last hour, and reads ``cost_rows_by`` for every group_by and period (and
+``cost_rows`` of each grouping that is neither GPU nor node, alone), unfiltered
 and with a site, a pool, a team, a model and a GPU filter; ``fleet_summary``,
 ``fleet_overview``, ``fleet_trend``, ``utilization_by_day``, ``utilization_listed`` and
 ``breakeven_compute`` for an owned and a rented pool: in the report zone UTC (daily table),
@@ -150,6 +151,12 @@ def _figures(start: dt.date, end: dt.date, now: dt.datetime, *, full: bool) -> d
             out[f"cost_rows_by/{label}/{period}"] = s.cost_rows_by(
                 group_bys=groups, period=period, filters=f, **span
             )
+            # Each grouping alone, as the finance API reads it: rows per team, pool, site,
+            # model and the fleet come from the computation by price class.
+            for group_by in ("team", "pool", "site", "model", "fleet"):
+                out[f"cost_rows/{label}/{period}/{group_by}"] = s.cost_rows(
+                    group_by=group_by, period=period, filters=f, **span
+                )
         out[f"fleet_summary/{label}"] = s.fleet_summary(filters=f, **span)
     out["fleet_overview"] = s.fleet_overview(**span)
     out["fleet_trend"] = s.fleet_trend(**span)

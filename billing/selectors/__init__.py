@@ -11,7 +11,9 @@ How a figure is made, and why this way:
   number of queries is fixed (about eight), whatever the number of GPUs.
 - Capacity, offline hours and every cost come from ``billing.cost_model`` per GPU, in Python;
   groups (node, pool, team, site, model, fleet) are sums of those per-GPU pieces, so a group's
-  figure is always the sum of its parts and ratios are ratios of sums.
+  figure is always the sum of its parts and ratios are ratios of sums. Rows grouped by neither
+  GPU nor node read their sums already added per price class in SQL (each GPU's observed
+  seconds still per GPU, for its offline hours): the same figures to the cent.
 - Offline hours (capacity with no samples) belong to the GPU's *current* node, pool, team
   and site: nothing was stored for them.
 - An owned GPU's rate drops when depreciation ends. The rollup hours are split in SQL into the

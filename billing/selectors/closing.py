@@ -179,8 +179,10 @@ def compute(
     now: dt.datetime | None,
     pooled: bool = False,
     loaded: _Loaded | None = None,
+    by_class: bool = False,
 ) -> _Computation:
-    """``_compute``, with closed months frozen and their late data booked as adjustments."""
+    """``_compute``, with closed months frozen and their late data booked as adjustments
+    (``by_class`` for the open months' own figures, never for the late data's)."""
     closed, booked_here, runs = _closes(start, end)
     if not booked_here and all(not is_closed for _, _, is_closed in runs):
         return _compute(
@@ -191,6 +193,7 @@ def compute(
             now=now,
             pooled=pooled,
             loaded=loaded,
+            by_class=by_class,
         )
     loaded = loaded or _load(start=start, end=end, filters=filters, now=now)
     now = loaded.now
@@ -212,7 +215,13 @@ def compute(
             )
             continue
         part = _compute(
-            start=run_start, end=run_end, period=period, filters=filters, now=now, loaded=loaded
+            start=run_start,
+            end=run_end,
+            period=period,
+            filters=filters,
+            now=now,
+            loaded=loaded,
+            by_class=by_class,
         )
         for segment in part.segments:
             segment.bucket = bucket_for(segment.bucket.key if period != "all" else run_start)

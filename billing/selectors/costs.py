@@ -140,7 +140,9 @@ def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Ac
             _accumulate(acc, segment, names)
             continue
         gpu = segment.gpu
-        if segment.sums["observed_s"] > 0 or segment.offline_h > 0:  # both ≥ 0: capacity > 0
+        if segment.gpu_ids is not None:  # a class's segment: its GPUs with capacity
+            gpu_ids |= segment.gpu_ids
+        elif segment.sums["observed_s"] > 0 or segment.offline_h > 0:  # both ≥ 0: capacity > 0
             gpu_ids.add(gpu.id)
         site = segment.site_terms or names.site(segment.site_id)
         terms = gpu.terms
@@ -370,7 +372,12 @@ def cost_rows(
     """
     _validate(start=start, end=end, period=period, group_by=group_by)
     computation = _compute(
-        start=start, end=end, period=period, filters=filters or Filters(), now=now
+        start=start,
+        end=end,
+        period=period,
+        filters=filters or Filters(),
+        now=now,
+        by_class=_by_class((group_by,)),
     )
     return _rows(computation, group_by)
 
@@ -403,7 +410,20 @@ def _grouped_compute(
     checked first."""
     for group_by in group_bys:
         _validate(start=start, end=end, period=period, group_by=group_by)
-    return _compute(start=start, end=end, period=period, filters=filters or Filters(), now=now)
+    return _compute(
+        start=start,
+        end=end,
+        period=period,
+        filters=filters or Filters(),
+        now=now,
+        by_class=_by_class(group_bys),
+    )
+
+
+def _by_class(group_bys: Iterable[str]) -> bool:
+    """Whether rows grouped so can come from a computation by price class (no row per GPU
+    or node: ``sums._compute``)."""
+    return not {"gpu", "node"} & set(group_bys)
 
 
 def cost_rows_in_parts(
@@ -524,6 +544,7 @@ def _counted_page(
             filters=filters,
             now=loaded.now,
             loaded=_loaded_within(loaded, start=part_start, end=part_end),
+            by_class=_by_class((group_by,)),
         )
         found += [(entry, computation) for entry in _groups(computation, group_by)]
     if len(found) != upto - before:
@@ -574,7 +595,7 @@ def cost_rows_after(
         last = min(first + size, len(buckets))
         part_start = max(start, buckets[first].key)
         part_end = buckets[last].key if last < len(buckets) else end
-        computation = _part(loaded, part_start, part_end, period, filters)
+        computation = _part(loaded, part_start, part_end, period, filters, group_by)
         groups = _groups(computation, group_by)
         found += [
             (entry, computation) for entry in groups if after is None or entry.place() > after
@@ -624,14 +645,15 @@ def _parts(
     filters = filters or Filters()
     loaded = loaded or _load(start=start, end=end, filters=filters, now=now)
     for part_start, part_end in parts:
-        computation = _part(loaded, part_start, part_end, period, filters)
+        computation = _part(loaded, part_start, part_end, period, filters, group_by)
         yield computation, _groups(computation, group_by)
 
 
 def _part(
-    loaded: _Loaded, start: dt.date, end: dt.date, period: str, filters: Filters
+    loaded: _Loaded, start: dt.date, end: dt.date, period: str, filters: Filters, group_by: str
 ) -> _Computation:
-    """The computation of [start, end), a part of the range ``loaded`` was read for."""
+    """The computation of [start, end), a part of the range ``loaded`` was read for, for rows
+    grouped by ``group_by``."""
     return _compute(
         start=start,
         end=end,
@@ -639,6 +661,7 @@ def _part(
         filters=filters,
         now=loaded.now,
         loaded=_loaded_within(loaded, start=start, end=end),
+        by_class=_by_class((group_by,)),
     )
 
 

@@ -155,6 +155,9 @@ class _Segment:
     offline_h: Decimal = Decimal(0)
     site_terms: _SiteTerms | None = None  # a closed month's: priced as at its close
     adjusts: dt.date | None = None  # the closed day whose late data this adjusts
+    # A segment of a price class (``sums._compute(by_class=True)``): the GPUs it stands for
+    # that have capacity in it; ``gpu`` is one of them. None: the segment of ``gpu`` alone.
+    gpu_ids: set[int] | None = None
 
 
 @dataclass
