@@ -813,7 +813,9 @@ def fleet_summary(
     """The fleet row over [start, end), recoverable GPUs and money, GPUs in service now."""
     _validate(start=start, end=end, period="all")
     filters = filters or Filters()
-    computation = _compute(start=start, end=end, period="all", filters=filters, now=now)
+    computation = _compute(
+        start=start, end=end, period="all", filters=filters, now=now, by_class=True
+    )
     return _summary(computation, filters)
 
 
@@ -827,7 +829,15 @@ def fleet_overview(
     filters = filters or Filters()
     loaded = _load(start=start, end=end, filters=filters, now=now)
     summary = _summary(
-        _compute(start=start, end=end, period="all", filters=filters, now=now, loaded=loaded),
+        _compute(
+            start=start,
+            end=end,
+            period="all",
+            filters=filters,
+            now=now,
+            loaded=loaded,
+            by_class=True,
+        ),
         filters,
     )
     trend = _compute(
@@ -843,6 +853,7 @@ def fleet_overview(
 
 
 def _summary(computation: _Computation, filters: Filters) -> FleetSummary:
+    """The fleet's row (from a computation by price class, or per GPU) and its GPUs now."""
     acc = _accumulated(computation.segments, computation.names)
     row = _cost_row(
         acc,
