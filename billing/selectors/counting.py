@@ -29,7 +29,7 @@ from billing import cost_model as cm
 from billing.selectors.calendar import _buckets, _local_midnight, month_after
 from billing.selectors.closing import touched_by_closes
 from billing.selectors.loading import _Loaded
-from billing.selectors.sums import _kept_now
+from billing.selectors.sums import _kept_now, array_literal
 from billing.selectors.types import Filters, _Bucket, _GpuInfo, _NamesAndSiteTerms
 from config.replica import read_cursor
 
@@ -178,22 +178,16 @@ def _moved(gpus: dict[int, _GpuInfo], start: dt.date, end: dt.date) -> set[int]:
         cursor.execute(
             _MOVED_SQL,
             [
-                _array([g.id for g in infos]),
-                _array([g.node_id for g in infos]),
-                _array([g.pool_id for g in infos]),
-                _array([g.team_id for g in infos]),
-                _array([g.site_id for g in infos]),
+                array_literal([g.id for g in infos]),
+                array_literal([g.node_id for g in infos]),
+                array_literal([g.pool_id for g in infos]),
+                array_literal([g.team_id for g in infos]),
+                array_literal([g.site_id for g in infos]),
                 start.replace(day=1),
                 month_after(end - dt.timedelta(days=1)),
             ],
         )
         return {row[0] for row in cursor.fetchall()}
-
-
-def _array(ids: Sequence[int | None]) -> str:
-    """Integers (or None) as a PostgreSQL array literal, cast in the statement: the driver's
-    adaptation of 10,000-element lists costs more than the query."""
-    return "{" + ",".join("NULL" if i is None else str(int(i)) for i in ids) + "}"
 
 
 def _epoch_us(moment: dt.datetime) -> int:
@@ -214,9 +208,9 @@ def _outside(
         cursor.execute(
             _OUTSIDE_SQL,
             [
-                _array(ids),
-                _array([_epoch_us(caps[i][0]) for i in ids]),
-                _array([_epoch_us(caps[i][1]) for i in ids]),
+                array_literal(ids),
+                array_literal([_epoch_us(caps[i][0]) for i in ids]),
+                array_literal([_epoch_us(caps[i][1]) for i in ids]),
                 window_start,
                 capacity_end,
                 window_start,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -121,11 +121,10 @@ def _q(name: str) -> str:
 @dataclass
 class _Classes:
     """The price classes of a computation's GPUs (all but those split at a depreciation
-    boundary): ``of[(class key, phase)]`` → its index, ``reps[i]`` → a GPU of class ``i``
-    standing for all (kind, rate, profile, nominal power and model are the class's) and the
-    phase it is priced in; ``ids``/``indexes``: each GPU and its class, as array literals."""
+    boundary): ``reps[i]`` → a GPU of class ``i`` standing for all (kind, rate, profile,
+    nominal power and model are the class's) and the phase it is priced in; ``ids``/
+    ``indexes``: each GPU and its class, as array literals."""
 
-    of: dict[tuple[Any, ...], int]
     reps: list[tuple[_GpuInfo, int]]
     ids: str
     indexes: str
@@ -160,11 +159,13 @@ def _classes_of(gpus: Iterable[tuple[_GpuInfo, int]]) -> _Classes:
             reps.append((gpu, phase))
         ids.append(gpu.id)
         indexes.append(index)
-    return _Classes(of=of, reps=reps, ids=_array_literal(ids), indexes=_array_literal(indexes))
+    return _Classes(reps=reps, ids=array_literal(ids), indexes=array_literal(indexes))
 
 
-def _array_literal(values: list[int]) -> str:
-    return "{" + ",".join(str(v) for v in values) + "}"
+def array_literal(values: Sequence[int | None]) -> str:
+    """Integers (or None) as a PostgreSQL array literal, cast in the statement: the driver's
+    adaptation of 10,000-element lists costs more than the query."""
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
 
 
 def _by_class(
