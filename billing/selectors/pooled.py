@@ -107,7 +107,9 @@ def _pooled_segments(
     stored, and offline hours (to the class's current site) = GPUs × the day's calendar
     hours − their observed hours, the same sum as per GPU since none observed more than the
     day (those that did are corrected below). Every GPU of a class has the same rate, kind,
-    profile presence and nominal power, so ``_accumulate`` gives the same money."""
+    profile presence and nominal power, so ``_accumulate`` gives the same money. A segment
+    names no GPU (``gpu_ids`` empty): the stand-in need not be in service that day, and the
+    GPUs pooled on a day are counted from the pooled spans (``costs._row_acc``)."""
     classes: dict[tuple[object, ...], int] = {}
     members: dict[int, list[_GpuInfo]] = defaultdict(list)
     for gpu_id in sorted(days):
@@ -174,6 +176,7 @@ def _pooled_segments(
                     team_id=None,
                     site_id=site_id,
                     sums=sums,
+                    gpu_ids=set(),
                 )
             )
         if any_over:
@@ -222,6 +225,7 @@ def _pooled_segments(
                         site_id=stand_in.site_id,
                         sums=dict.fromkeys(_SUM_FIELDS, 0.0),
                         offline_h=offline_h,
+                        gpu_ids=set(),
                     )
                 )
             day += dt.timedelta(days=1)

@@ -473,17 +473,20 @@ def _compute(
             for f in _SUM_FIELDS:
                 segment.sums[f] += found_sums[f]
     segments: list[_Segment] = list(merged.values())
+    for segment in segments:
+        observed_h[(segment.gpu.id, segment.bucket.key, segment.phase)] += cm.hours_from_seconds(
+            seconds=segment.sums["observed_s"]
+        )
     if pooled_days:
+        # After the GPUs' own observed hours: a pooled segment's stand-in is one GPU of its
+        # class, and its sums are the class's (its offline hours are the segment's own), so
+        # they must not count as observed by the stand-in on a day it is not pooled.
         segments += _pooled_segments(
             gpus=gpus,
             days=pooled_days,
             zone=zone,
             buckets=buckets_by_key,
             window_start=window_start,
-        )
-    for segment in segments:
-        observed_h[(segment.gpu.id, segment.bucket.key, segment.phase)] += cm.hours_from_seconds(
-            seconds=segment.sums["observed_s"]
         )
     segments += by_classes.values()
 

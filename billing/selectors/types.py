@@ -156,7 +156,8 @@ class _Segment:
     site_terms: _SiteTerms | None = None  # a closed month's: priced as at its close
     adjusts: dt.date | None = None  # the closed day whose late data this adjusts
     # A segment of a price class (``sums._compute(by_class=True)``): the GPUs it stands for
-    # that have capacity in it; ``gpu`` is one of them. None: the segment of ``gpu`` alone.
+    # that have capacity in it; ``gpu`` is one of them (the pooled trend's segments: none,
+    # their GPUs are counted from the pooled spans). None: the segment of ``gpu`` alone.
     gpu_ids: set[int] | None = None
 
 

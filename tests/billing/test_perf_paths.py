@@ -512,3 +512,32 @@ def test_offset_pages_counted_in_a_zone_behind_utc(
     daily_usage_rebuild()
     for period in ("day", "week", "month"):
         assert _offset_pages_match(selectors.Filters(), group_by, period, dt.date(2026, 2, 20))
+
+
+def test_trend_class_stand_in_entering_service_mid_day(fleet: FleetBuilder) -> None:
+    """Two GPUs of one rate class: the first made (the class's stand-in in the pooled sums)
+    enters service at noon on 3 March, the other is in service throughout. On 3 March the
+    first is not pooled (not in service from midnight) and observes 6 of its 12 hours: 6
+    offline hours, whatever the other GPU observed that day (24 of 24)."""
+    site = fleet.site("fra1")
+    node = fleet.node("n1", pool=fleet.pool("train", site=site))
+    fleet.owned("pool:train")
+    model = fleet.model("H100-SXM")
+    first = fleet.gpu("GPU-a", node=node, index=0, in_service_at=at("2026-03-03T12"), model=model)
+    other = fleet.gpu("GPU-b", node=node, index=1, in_service_at=at("2026-01-01T00"), model=model)
+    assert first.id < other.id
+    rows = []
+    hour = at("2026-03-01T00")
+    while hour < at("2026-03-05T00"):
+        rows.append(fleet.usage(other, hour, samples=60, observed_s=3600.0, air_s=1800.0))
+        if at("2026-03-03T12") <= hour < at("2026-03-03T18") or hour >= at("2026-03-04T00"):
+            rows.append(fleet.usage(first, hour, samples=60, observed_s=3600.0, air_s=900.0))
+        hour += H
+    fleet.save(rows)
+    now = at("2026-03-06T00")
+    end = dt.date(2026, 3, 5)
+    trend = selectors.fleet_trend(start=START, end=end, now=now)
+    assert [r.offline_hours for r in trend] == [0.0, 0.0, 6.0, 0.0]
+    assert [r.capacity_hours for r in trend] == [24.0, 24.0, 36.0, 48.0]
+    want = selectors.cost_rows(start=START, end=end, group_by="fleet", period="day", now=now)
+    assert_rows_equal(trend, want)
