@@ -792,7 +792,13 @@ def fleet_trend(
     digits of float and 28-digit Decimal sums taken in another order."""
     _validate(start=start, end=end, period="day")
     computation = _compute(
-        start=start, end=end, period="day", filters=filters or Filters(), now=now, pooled=True
+        start=start,
+        end=end,
+        period="day",
+        filters=filters or Filters(),
+        now=now,
+        pooled=True,
+        by_class=True,
     )
     return _rows(computation, "fleet")
 
@@ -824,37 +830,27 @@ def fleet_overview(
 ) -> tuple[FleetSummary, list[CostRow]]:
     """``(fleet_summary(...), fleet_trend(...))`` for the overview page, with the settings,
     GPUs and cost terms loaded once for both (and one ``now``): the same figures as the two
-    calls."""
+    calls. The summary is the trend's days taken together where each GPU's offline hours
+    over the days add up to those over the whole window (no GPU observed more than its
+    capacity on a day: the rule), so the rollups are read once; else it is computed apart.
+    Every figure is linear in the segments' sums and offline hours, so that is the summary
+    up to the last digits of float and 28-digit Decimal sums taken in another order."""
     _validate(start=start, end=end, period="all")
     filters = filters or Filters()
     loaded = _load(start=start, end=end, filters=filters, now=now)
-    summary = _summary(
-        _compute(
-            start=start,
-            end=end,
-            period="all",
-            filters=filters,
-            now=now,
-            loaded=loaded,
-            by_class=True,
-        ),
-        filters,
+    compute = functools.partial(
+        _compute, start=start, end=end, filters=filters, now=now, loaded=loaded, by_class=True
     )
-    trend = _compute(
-        start=start,
-        end=end,
-        period="day",
-        filters=filters,
-        now=now,
-        pooled=True,
-        loaded=loaded,
-    )
-    return summary, _rows(trend, "fleet")
+    trend = compute(period="day", pooled=True)
+    whole = trend if trend.offline_additive else compute(period="all")
+    return _summary(whole, filters), _rows(trend, "fleet")
 
 
 def _summary(computation: _Computation, filters: Filters) -> FleetSummary:
-    """The fleet's row (from a computation by price class, or per GPU) and its GPUs now."""
+    """The fleet's row (from a computation by price class, or per GPU, of the whole window
+    or of its days taken together) and its GPUs now."""
     acc = _accumulated(computation.segments, computation.names)
+    acc.gpu_ids.update(computation.pooled)  # pooled segments name no GPU
     row = _cost_row(
         acc,
         key="fleet",

@@ -28,8 +28,9 @@ from collections.abc import Callable, Sequence
 from billing import cost_model as cm
 from billing.selectors.calendar import _buckets, _local_midnight, month_after
 from billing.selectors.closing import touched_by_closes
+from billing.selectors.literals import array_literal
 from billing.selectors.loading import _Loaded
-from billing.selectors.sums import _kept_now, array_literal
+from billing.selectors.sums import _kept_now
 from billing.selectors.types import Filters, _Bucket, _GpuInfo, _NamesAndSiteTerms
 from config.replica import read_cursor
 

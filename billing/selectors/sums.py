@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -25,6 +25,7 @@ from django.db.models.functions import Cast, TruncDay, TruncMonth, TruncWeek
 
 from billing import cost_model as cm
 from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight, month_after
+from billing.selectors.literals import array_literal
 from billing.selectors.loading import _load, _Loaded
 from billing.selectors.pooled import _phase_outside, _poolable, _pooled_segments
 from billing.selectors.types import (
@@ -162,12 +163,6 @@ def _classes_of(gpus: Iterable[tuple[_GpuInfo, int]]) -> _Classes:
     return _Classes(reps=reps, ids=array_literal(ids), indexes=array_literal(indexes))
 
 
-def array_literal(values: Sequence[int | None]) -> str:
-    """Integers (or None) as a PostgreSQL array literal, cast in the statement: the driver's
-    adaptation of 10,000-element lists costs more than the query."""
-    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
-
-
 def _by_class(
     sql: str, params: list[Any], fields: list[str], classes: _Classes
 ) -> list[dict[str, Any]]:
@@ -285,7 +280,7 @@ def _compute(
     pooled_days: dict[int, tuple[dt.date, dt.date]] = {}
     sum_rows: list[dict[str, Any]] = []
     classes: _Classes | None = None
-    if by_class and daily_zone and not pooled:
+    if by_class and daily_zone:
         split = set(split_ids)
         classes = _classes_of(
             (info, _phase_outside(info, window_start))
@@ -477,17 +472,19 @@ def _compute(
         observed_h[(segment.gpu.id, segment.bucket.key, segment.phase)] += cm.hours_from_seconds(
             seconds=segment.sums["observed_s"]
         )
+    pooled_over = False
     if pooled_days:
         # After the GPUs' own observed hours: a pooled segment's stand-in is one GPU of its
         # class, and its sums are the class's (its offline hours are the segment's own), so
         # they must not count as observed by the stand-in on a day it is not pooled.
-        segments += _pooled_segments(
+        by_pool, pooled_over = _pooled_segments(
             gpus=gpus,
             days=pooled_days,
             zone=zone,
             buckets=buckets_by_key,
             window_start=window_start,
         )
+        segments += by_pool
     segments += by_classes.values()
 
     missing_nodes = {s.node_id for s in segments if s.node_id is not None} - names.nodes.keys()
@@ -498,6 +495,10 @@ def _compute(
     position = {b.key: i for i, b in enumerate(buckets)}
     lengths: dict[tuple[dt.datetime, dt.datetime], Decimal] = {}  # most GPUs share a span
     offline_classes: dict[tuple[Any, ...], _Segment] = {}
+    # Whether some GPU observed more than its capacity in a bucket and phase: more than the
+    # capacity it has there (``over``), or anything where it has none (its observed hours
+    # there are never read below: fewer read than there are).
+    over, read = pooled_over, 0
     for info in gpus.values():
         phases = info.phase_intervals()
         own = buckets
@@ -522,10 +523,11 @@ def _compute(
                 capacity_h = lengths.get(edges)
                 if capacity_h is None:
                     capacity_h = lengths[edges] = cm.hours_between(start=edges[0], end=edges[1])
-                offline_h = cm.offline_hours(
-                    capacity_hours=capacity_h,
-                    observed_hours=observed_h.get((info.id, bucket.key, phase), Decimal(0)),
-                )
+                observed = observed_h.get((info.id, bucket.key, phase), Decimal(0))
+                if observed > 0:
+                    read += 1
+                    over = over or observed > capacity_h
+                offline_h = cm.offline_hours(capacity_hours=capacity_h, observed_hours=observed)
                 if offline_h > 0 and classes is not None:
                     place: tuple[Any, ...] = (bucket.key, _class_key(info, phase))
                     place += (info.pool_id, info.team_id, info.site_id)
@@ -563,6 +565,7 @@ def _compute(
                     )
 
     segments += offline_classes.values()
+    over = over or read < sum(1 for hours in observed_h.values() if hours > 0)
     if filters != Filters():
         segments = [s for s in segments if _segment_kept(s, filters, names)]
     return _Computation(
@@ -578,6 +581,7 @@ def _compute(
         names=names,
         segments=segments,
         pooled=pooled_days,
+        offline_additive=not over,
     )
 
 

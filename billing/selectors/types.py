@@ -215,6 +215,11 @@ class _Computation:
     pooled: dict[int, tuple[dt.date, dt.date]] = field(default_factory=dict)  # GPU: [from, to)
     # Keys of the buckets that lie wholly in closed months (their figures are frozen).
     closed_buckets: frozenset[dt.date] = frozenset()
+    # No GPU observed more than its capacity in any bucket and phase (overlapping samples,
+    # or data before its service start or after its retirement): its offline hours over the
+    # buckets then add up to those over the whole window, so the segments of every bucket
+    # together are the whole window's (``costs.fleet_overview``). False where not known.
+    offline_additive: bool = False
 
     @property
     def capacity_end(self) -> dt.datetime:

@@ -316,6 +316,93 @@ def test_fleet_overview_is_the_summary_and_the_trend(
     assert_rows_equal(trend, selectors.fleet_trend(start=START, end=END, filters=flt, now=NOW))
 
 
+@pytest.fixture
+def tidy(awkward: dict[str, Any]) -> dict[str, Any]:
+    """The awkward fleet less what makes a GPU observe more than its capacity on a day: the
+    steady GPU's overlapping samples, the late GPU's hour before its service start and the
+    retired GPU's hour that runs past its retirement."""
+    from telemetry.models import HourlyUsage
+
+    HourlyUsage.objects.filter(gpu=awkward["steady"], observed_s__gt=3600).update(observed_s=3600.0)
+    HourlyUsage.objects.filter(gpu=awkward["late"], hour=at("2026-03-03T07")).delete()
+    HourlyUsage.objects.filter(gpu=awkward["retired"], hour=at("2026-03-06T15")).delete()
+    return awkward
+
+
+def _trend_additive(flt: selectors.Filters) -> bool:
+    from billing.selectors.sums import _compute
+
+    return _compute(
+        start=START, end=END, period="day", filters=flt, now=NOW, pooled=True, by_class=True
+    ).offline_additive
+
+
+@pytest.mark.parametrize("flt", FILTERS)
+def test_fleet_overview_summary_from_the_trend(
+    tidy: dict[str, Any], flt: selectors.Filters
+) -> None:
+    """No GPU observed more than its capacity on a day: the overview's summary is its trend's
+    days taken together (the rollups read once), the figures of ``fleet_summary`` but for
+    the last digits of sums taken in another order."""
+    from django.test.utils import CaptureQueriesContext
+
+    assert _trend_additive(flt)
+    with CaptureQueriesContext(connection) as queries:
+        summary, trend = selectors.fleet_overview(start=START, end=END, filters=flt, now=NOW)
+    rollup_reads = [q for q in queries.captured_queries if "usage" in q["sql"]]
+    want = selectors.fleet_summary(start=START, end=END, filters=flt, now=NOW)
+    assert_rows_equal([summary.row], [want.row])
+    assert summary.row.total_cost.quantize(Decimal("0.01")) == want.row.total_cost.quantize(
+        Decimal("0.01")
+    )
+    assert summary.row.offline_hours > 0 and summary.row.gpu_count == want.row.gpu_count
+    assert summary.recoverable_gpus == pytest.approx(want.recoverable_gpus, rel=1e-12)
+    assert_rows_equal(trend, selectors.fleet_trend(start=START, end=END, filters=flt, now=NOW))
+    # The summary's own statements are not made: fewer rollup reads than the two calls'.
+    with CaptureQueriesContext(connection) as apart:
+        selectors.fleet_summary(start=START, end=END, filters=flt, now=NOW)
+        selectors.fleet_trend(start=START, end=END, filters=flt, now=NOW)
+    assert len(rollup_reads) < len([q for q in apart.captured_queries if "usage" in q["sql"]])
+
+
+def test_data_outside_capacity_sends_the_summary_apart(
+    tidy: dict[str, Any], fleet: FleetBuilder
+) -> None:
+    """An hour of the late GPU the day before its service start (7:20 on 3 March): observed
+    where it has no capacity, which the window's offline hours take off and the day's do
+    not. The overview computes its summary apart."""
+    flt = selectors.Filters()
+    assert _trend_additive(flt)
+    fleet.save([fleet.usage(tidy["late"], at("2026-03-02T05"), samples=60, observed_s=3600.0)])
+    assert not _trend_additive(flt)
+    summary, _trend = selectors.fleet_overview(start=START, end=END, now=NOW)
+    want = selectors.fleet_summary(start=START, end=END, now=NOW)
+    assert summary.row == want.row
+
+
+@pytest.mark.parametrize(
+    ("gpu", "hour"),
+    [
+        ("steady", "2026-03-04T10"),  # on a pooled day
+        ("late", "2026-03-03T09"),  # on the day it enters service (not pooled)
+        ("retired", "2026-03-06T12"),  # on the day it retires
+        ("old", "2026-03-05T10"),  # the hour its depreciation ends (a split GPU)
+    ],
+)
+def test_overlapping_samples_send_the_summary_apart(
+    tidy: dict[str, Any], gpu: str, hour: str
+) -> None:
+    """One hour holding more than a day of samples (overlapping samples, at most 24 hours
+    of the others that day): the GPU observed more than its capacity that day."""
+    from telemetry.models import HourlyUsage
+
+    HourlyUsage.objects.filter(gpu=tidy[gpu], hour=at(hour)).update(observed_s=90000.0)
+    assert not _trend_additive(selectors.Filters())
+    summary, _trend = selectors.fleet_overview(start=START, end=END, now=NOW)
+    want = selectors.fleet_summary(start=START, end=END, now=NOW)
+    assert summary.row == want.row  # computed apart: identical
+
+
 @pytest.fixture(autouse=True)
 def _daily_state_present(request: Any) -> None:
     """The daily table's state row comes from a migration; a transactional test earlier in
@@ -541,3 +628,26 @@ def test_trend_class_stand_in_entering_service_mid_day(fleet: FleetBuilder) -> N
     assert [r.capacity_hours for r in trend] == [24.0, 24.0, 36.0, 48.0]
     want = selectors.cost_rows(start=START, end=end, group_by="fleet", period="day", now=now)
     assert_rows_equal(trend, want)
+
+
+@needs_postgres
+@pytest.mark.parametrize("flt", FILTERS[:2])  # nothing is at iad1 from the 7th
+def test_fleet_trend_with_one_pooled_span(awkward: dict[str, Any], flt: selectors.Filters) -> None:
+    """From 7 March every GPU left is in service from midnight to midnight (the late one
+    since the 3rd; the retired one gone, the old one's depreciation over): every pooled GPU
+    has the same days, and the pooled statement looks up each row's class alone."""
+    from django.test.utils import CaptureQueriesContext
+
+    start = dt.date(2026, 3, 7)
+    with CaptureQueriesContext(connection) as queries:
+        got = selectors.fleet_trend(start=start, end=END, filters=flt, now=NOW)
+    pooled = [q["sql"] for q in queries.captured_queries if "AS klass" in q["sql"]]
+    if flt.pools:
+        assert not pooled  # filters on the attribution: per GPU
+    else:
+        assert len(pooled) == 1 and "CASE WHEN d.day" not in pooled[0]
+    want = selectors.cost_rows(
+        start=start, end=END, group_by="fleet", period="day", filters=flt, now=NOW
+    )
+    assert len(want) == 4 and [r.period_start.day for r in got] == [7, 8, 9, 10]
+    assert_rows_equal(got, want)
