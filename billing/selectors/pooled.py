@@ -25,20 +25,39 @@ def _poolable(
 ) -> dict[int, tuple[dt.date, dt.date]]:
     """Per GPU at one rate throughout the window, the days [from, to) within [start, end) it
     is in service from midnight to midnight (each day's capacity is then the calendar day):
-    those GPU-days can be summed per rate class."""
+    those GPU-days can be summed per rate class. (GPUs bought together share their days:
+    worked out once per service start and retirement.)"""
     split = set(split_ids)
     out: dict[int, tuple[dt.date, dt.date]] = {}
+    spans: dict[tuple[dt.datetime, dt.datetime | None], tuple[dt.date, dt.date] | None] = {}
     for g in gpus.values():
         if g.id in split or g.service_start is None:
             continue
-        first = g.service_start.astimezone(zone).date()
-        if _local_midnight(first, zone) < g.service_start:
-            first += dt.timedelta(days=1)
-        last = end if g.retired_at is None else min(end, g.retired_at.astimezone(zone).date())
-        first = max(first, start)
-        if first < last:
-            out[g.id] = (first, last)
+        key = (g.service_start, g.retired_at)
+        if key in spans:
+            span = spans[key]
+        else:
+            span = spans[key] = _whole_days(g.service_start, g.retired_at, start, end, zone)
+        if span is not None:
+            out[g.id] = span
     return out
+
+
+def _whole_days(
+    service_start: dt.datetime,
+    retired_at: dt.datetime | None,
+    start: dt.date,
+    end: dt.date,
+    zone: dt.tzinfo,
+) -> tuple[dt.date, dt.date] | None:
+    """The days [from, to) within [start, end) from the first local midnight in service to
+    the day of retirement; None if there is none."""
+    first = service_start.astimezone(zone).date()
+    if _local_midnight(first, zone) < service_start:
+        first += dt.timedelta(days=1)
+    last = end if retired_at is None else min(end, retired_at.astimezone(zone).date())
+    first = max(first, start)
+    return (first, last) if first < last else None
 
 
 def _phase_outside(gpu: _GpuInfo, window_start: dt.datetime) -> int:
