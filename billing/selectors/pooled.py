@@ -9,7 +9,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from billing import cost_model as cm
-from billing.selectors.calendar import _local_midnight
+from billing.selectors.calendar import _floor_hour, _local_midnight
 from billing.selectors.literals import array_literal, dates_literal
 from billing.selectors.types import _Bucket, _GpuInfo, _Segment
 from config.replica import read_cursor
@@ -78,9 +78,9 @@ _POOLED_SQL = """
     -- caller): a filter on array lookups is estimated to keep a third of the rows, and the
     -- planner then sends all of them to one process to sum instead of summing in its workers
     -- (0.65 s against 0.4 s at 10,000 GPUs × 90 days).
-    -- ``over``: a row observed more than 3600 s per hour it sums (see _OVER_SQL).
+    -- ``over``: a row observed more than it can (see _OVER_SQL).
     SELECT d.day, {klass} AS klass,
-           d.site_id, bool_or(d.observed_s > 3600 * d.hours) AS over, {summed}
+           d.site_id, bool_or({row_over}) AS over, {summed}
     FROM telemetry_dailyusage d
     WHERE d.gpu_id > %(base)s AND d.gpu_id <= %(top)s
       AND d.day >= %(from)s AND d.day < %(to)s
@@ -97,11 +97,21 @@ _KLASS_DAYS_SQL = f"""
          THEN {_KLASS_SQL} ELSE -1 END"""
 
 
-# GPU-days that observed more than the day's length (overlapping samples): their offline
-# hours are 0, not negative, so the pooled offline sum is corrected for exactly these. Such a
-# day has a row that observed more than 3600 s per hour it sums (a day has at most its length
-# in hours), so only the days with such a row are summed, and only when the pooled sums saw
-# one (``over``): never, as a rule.
+# A daily row that observed more than it can: more than 3600 s per hour it sums, or on the day
+# in progress (``today``, up to now: ``slack`` = 3600 s less the seconds of the hour now, 0
+# on the hour) more than that less ``slack``. A GPU-day with no such row observed at most
+# its capacity: its rows' hours are distinct whole hours up to the hour now, so they hold at
+# most 3600 s each, less ``slack`` once (the hour now).
+_ROW_OVER_SQL = (
+    "{d}.observed_s > 3600 * {d}.hours"
+    " - CASE WHEN {d}.day = %(today)s::date THEN %(slack)s::float8 ELSE 0 END"
+)
+
+# GPU-days that observed more than their capacity (overlapping samples): the day's length, or
+# up to now on the day in progress (``today_s``). Their offline hours are 0, not negative, so
+# the pooled offline sum is corrected for exactly these. Only the days with a row that
+# observed more than it can are summed, and only when the pooled sums saw one (``over``):
+# never, as a rule.
 _OVER_SQL = """
     SELECT d.gpu_id, d.day, sum(d.observed_s)
     FROM telemetry_dailyusage d
@@ -111,11 +121,12 @@ _OVER_SQL = """
         JOIN unnest(%(ids)s::bigint[], %(firsts)s::date[], %(lasts)s::date[])
             AS c(gpu_id, first, last)
           ON c.gpu_id = o.gpu_id AND o.day >= c.first AND o.day < c.last
-        WHERE o.observed_s > 3600 * o.hours
+        WHERE {row_over}
     ) k ON k.gpu_id = d.gpu_id AND k.day = d.day
     GROUP BY d.gpu_id, d.day
-    HAVING sum(d.observed_s) > extract(epoch FROM
-        ((d.day + 1)::timestamp AT TIME ZONE %(zone)s) - (d.day::timestamp AT TIME ZONE %(zone)s))
+    HAVING sum(d.observed_s) > CASE WHEN d.day = %(today)s::date THEN %(today_s)s::float8
+        ELSE extract(epoch FROM ((d.day + 1)::timestamp AT TIME ZONE %(zone)s)
+                                - (d.day::timestamp AT TIME ZONE %(zone)s)) END
 """
 
 
@@ -126,11 +137,13 @@ def _pooled_segments(
     zone: dt.tzinfo,
     buckets: dict[dt.date, _Bucket],
     window_start: dt.datetime,
+    capacity_end: dt.datetime,
 ) -> tuple[list[_Segment], bool]:
     """Day segments of the pooled GPUs, one per rate class, day and site: observed sums as
     stored, and offline hours (to the class's current site) = GPUs × the day's calendar
-    hours − their observed hours, the same sum as per GPU since none observed more than the
-    day (those that did are corrected below). Every GPU of a class has the same rate, kind,
+    hours (up to ``capacity_end``, now, on the day in progress) − their observed hours, the
+    same sum as per GPU since none observed more than that (those that did are corrected
+    below). Every GPU of a class has the same rate, kind,
     profile presence and nominal power, so ``_accumulate`` gives the same money. A segment
     names no GPU (``gpu_ids`` empty): the stand-in need not be in service that day, and the
     GPUs pooled on a day are counted from the pooled spans (``costs._row_acc``). And
@@ -172,6 +185,16 @@ def _pooled_segments(
         "from": outside,
         "to": max(last for _, last in spans),
     }
+    # The day in progress, where it is pooled: its capacity ends at now.
+    last_day = params["to"] - dt.timedelta(days=1)
+    today, today_s, slack = None, 0.0, 0.0
+    if buckets[last_day].end > capacity_end:
+        today = last_day
+        today_s = (capacity_end - buckets[last_day].start).total_seconds()
+        into_hour = (capacity_end - _floor_hour(capacity_end)).total_seconds()
+        slack = 3600.0 - into_hour if into_hour else 0.0
+    limits = {"today": today, "today_s": today_s, "slack": slack}
+    params.update(limits)
     klass_sql = _KLASS_SQL
     if len(spans) > 1:
         klass_sql = _KLASS_DAYS_SQL
@@ -187,7 +210,12 @@ def _pooled_segments(
         # of a float vary between runs, never a cent (bench/figures_compare.py turns them
         # off for its identical-figures check).
         cursor.execute("SELECT set_config('work_mem', '64MB', true)")
-        cursor.execute(_POOLED_SQL.format(klass=klass_sql, summed=summed_sql), params)
+        cursor.execute(
+            _POOLED_SQL.format(
+                klass=klass_sql, summed=summed_sql, row_over=_ROW_OVER_SQL.format(d="d")
+            ),
+            params,
+        )
         any_over = False
         for day, klass, site_id, day_over, *values in cursor.fetchall():
             if klass < 0:
@@ -211,12 +239,13 @@ def _pooled_segments(
             )
         if any_over:
             cursor.execute(
-                _OVER_SQL,
+                _OVER_SQL.format(row_over=_ROW_OVER_SQL.format(d="o")),
                 {
                     "ids": array_literal(ids),
                     "firsts": dates_literal([days[i][0] for i in ids]),
                     "lasts": dates_literal([days[i][1] for i in ids]),
                     "zone": zone_name,
+                    **limits,
                 },
             )
             over = cursor.fetchall()
@@ -224,7 +253,7 @@ def _pooled_segments(
     for gpu_id, day, observed in over:
         bucket = buckets[day]
         excess[(klass_of[gpu_id], day)] += cm.hours_from_seconds(seconds=observed) - (
-            cm.hours_between(start=bucket.start, end=bucket.end)
+            cm.hours_between(start=bucket.start, end=min(bucket.end, capacity_end))
         )
     # GPUs of each class in service on each day: +1 on its first day, −1 after its last.
     changes: dict[int, dict[dt.date, int]] = defaultdict(lambda: defaultdict(int))
@@ -240,7 +269,8 @@ def _pooled_segments(
         while day < end:
             count += changes[klass].get(day, 0)
             bucket = buckets[day]
-            calendar_h = cm.hours_between(start=bucket.start, end=bucket.end) * count
+            calendar_h = cm.hours_between(start=bucket.start, end=min(bucket.end, capacity_end))
+            calendar_h *= count
             observed_h = cm.hours_from_seconds(seconds=observed_s.get((klass, day), 0.0))
             offline_h = calendar_h - observed_h + excess.get((klass, day), Decimal(0))
             if offline_h > 0:

@@ -302,8 +302,6 @@ def _compute(
         while day < end and _local_midnight(day + dt.timedelta(days=1), zone) <= capacity_end:
             day += dt.timedelta(days=1)
         hourly_from = _local_midnight(day, zone).astimezone(dt.UTC)
-        if pooled and day > start and period == "day" and not _by_attribution(filters):
-            pooled_days = _poolable(gpus, split_ids, start, day, zone)
         months_from = months_to = start
         whole: list[QuerySet[Any]] = []  # period "all": the tables read, summed as one
         if day > start and period in ("all", "month"):
@@ -334,6 +332,10 @@ def _compute(
             )
         )
         whole_end = day + dt.timedelta(days=1) if today_daily else day
+        if pooled and day > start and period == "day" and not _by_attribution(filters):
+            # The day in progress too where it is read from its daily rows: every GPU in
+            # service since its midnight has the same capacity there, up to now.
+            pooled_days = _poolable(gpus, split_ids, start, whole_end, zone)
         if whole_end > start:
             dailies = DailyUsage.objects.filter(day__gte=start, day__lt=whole_end)
             if months_to > months_from:
@@ -490,6 +492,7 @@ def _compute(
             zone=zone,
             buckets=buckets_by_key,
             window_start=window_start,
+            capacity_end=capacity_end,
         )
         segments += by_pool
     segments += by_classes.values()

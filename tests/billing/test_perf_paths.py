@@ -645,9 +645,57 @@ def test_fleet_trend_with_one_pooled_span(awkward: dict[str, Any], flt: selector
     if flt.pools:
         assert not pooled  # filters on the attribution: per GPU
     else:
-        assert len(pooled) == 1 and "CASE WHEN d.day" not in pooled[0]
+        assert len(pooled) == 1 and "::date[])[d.gpu_id" not in pooled[0]
     want = selectors.cost_rows(
         start=start, end=END, group_by="fleet", period="day", filters=flt, now=NOW
     )
     assert len(want) == 4 and [r.period_start.day for r in got] == [7, 8, 9, 10]
     assert_rows_equal(got, want)
+
+
+def test_trend_day_in_progress_pooled_up_to_now(fleet: FleetBuilder) -> None:
+    """Three GPUs of one class in service for months; now is 10:30 on 4 March, the day in
+    progress (10.5 h since midnight). A: hours 0-9 whole and 30 minutes of hour 10
+    (10.5 h, none offline). B: hour 5 missing, hour 10 whole (a clock ahead: more than the
+    30 minutes gone, but 10 h in all: 0.5 h offline). C: hours 0-10 whole (11 h: more than
+    its capacity, none offline, not -0.5). The day: 31.5 h observed, 0.5 h offline."""
+    from django.test.utils import CaptureQueriesContext
+
+    site = fleet.site("fra1")
+    node = fleet.node("n1", pool=fleet.pool("train", site=site))
+    fleet.owned("pool:train")
+    model = fleet.model("H100-SXM")
+    early = at("2026-01-01T00")
+    a, b, c = (
+        fleet.gpu(f"GPU-{n}", node=node, index=i, in_service_at=early, model=model)
+        for i, n in enumerate("abc")
+    )
+    rows = []
+    hour = at("2026-03-02T00")
+    while hour < at("2026-03-04T11"):
+        for gpu in (a, b, c):
+            observed = 3600.0
+            if hour == at("2026-03-04T10") and gpu == a:
+                observed = 1800.0
+            if hour == at("2026-03-04T05") and gpu == b:
+                hour_skipped = True
+                continue
+            rows.append(fleet.usage(gpu, hour, samples=60, observed_s=observed, air_s=900.0))
+        hour += H
+    assert hour_skipped
+    fleet.save(rows)
+    now = at("2026-03-04T10:30")
+    start, end = dt.date(2026, 3, 2), dt.date(2026, 3, 5)
+    with CaptureQueriesContext(connection) as queries:
+        trend = selectors.fleet_trend(start=start, end=end, now=now)
+    if connection.vendor == "postgresql":  # the day in progress among the pooled days
+        pooled = [q["sql"] for q in queries.captured_queries if "AS klass" in q["sql"]]
+        assert len(pooled) == 1 and "d.day < '2026-03-05'::date" in pooled[0]
+    assert [r.offline_hours for r in trend] == [0.0, 0.0, 0.5]
+    assert trend[2].observed_hours == 31.5  # 10.5 + 10 + 11
+    # Capacity is observed + offline hours: C's 11 observed count whole (docs/metrics.md).
+    assert [r.capacity_hours for r in trend] == [72.0, 72.0, 32.0]
+    want = selectors.cost_rows(start=start, end=end, group_by="fleet", period="day", now=now)
+    assert_rows_equal(trend, want)
+    summary, _ = selectors.fleet_overview(start=start, end=end, now=now)
+    assert summary.row == selectors.fleet_summary(start=start, end=end, now=now).row
