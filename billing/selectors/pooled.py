@@ -9,7 +9,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from billing import cost_model as cm
-from billing.selectors.calendar import _floor_hour, _local_midnight
+from billing.selectors.calendar import _local_midnight
 from billing.selectors.literals import array_literal, dates_literal
 from billing.selectors.types import _Bucket, _GpuInfo, _Segment
 from config.replica import read_cursor
@@ -97,21 +97,15 @@ _KLASS_DAYS_SQL = f"""
          THEN {_KLASS_SQL} ELSE -1 END"""
 
 
-# A daily row that observed more than it can: more than 3600 s per hour it sums, or on the day
-# in progress (``today``, up to now: ``slack`` = 3600 s less the seconds of the hour now, 0
-# on the hour) more than that less ``slack``. A GPU-day with no such row observed at most
-# its capacity: its rows' hours are distinct whole hours up to the hour now, so they hold at
-# most 3600 s each, less ``slack`` once (the hour now).
-_ROW_OVER_SQL = (
-    "{d}.observed_s > 3600 * {d}.hours"
-    " - CASE WHEN {d}.day = %(today)s::date THEN %(slack)s::float8 ELSE 0 END"
-)
+# A daily row that observed more than 3600 s per hour it sums, on a day before the one in
+# progress (``today``, checked on its own: its last hour is cut at now, and whether a row
+# holds that hour is not stored). A GPU-day with no such row observed at most the day.
+_ROW_OVER_SQL = "{d}.observed_s > 3600 * {d}.hours AND {d}.day IS DISTINCT FROM %(today)s::date"
 
-# GPU-days that observed more than their capacity (overlapping samples): the day's length, or
-# up to now on the day in progress (``today_s``). Their offline hours are 0, not negative, so
-# the pooled offline sum is corrected for exactly these. Only the days with a row that
-# observed more than it can are summed, and only when the pooled sums saw one (``over``):
-# never, as a rule.
+# GPU-days that observed more than the day's length (overlapping samples): their offline
+# hours are 0, not negative, so the pooled offline sum is corrected for exactly these. Only
+# the days with a row that observed more than it can are summed, and only when the pooled
+# sums saw one (``over``): never, as a rule.
 _OVER_SQL = """
     SELECT d.gpu_id, d.day, sum(d.observed_s)
     FROM telemetry_dailyusage d
@@ -124,9 +118,18 @@ _OVER_SQL = """
         WHERE {row_over}
     ) k ON k.gpu_id = d.gpu_id AND k.day = d.day
     GROUP BY d.gpu_id, d.day
-    HAVING sum(d.observed_s) > CASE WHEN d.day = %(today)s::date THEN %(today_s)s::float8
-        ELSE extract(epoch FROM ((d.day + 1)::timestamp AT TIME ZONE %(zone)s)
-                                - (d.day::timestamp AT TIME ZONE %(zone)s)) END
+    HAVING sum(d.observed_s) > extract(epoch FROM
+        ((d.day + 1)::timestamp AT TIME ZONE %(zone)s) - (d.day::timestamp AT TIME ZONE %(zone)s))
+"""
+
+# The same on the day in progress, where it is pooled: the GPUs that observed more than the
+# seconds from its midnight to now (``today_s``), its rows alone (one day, by its index).
+_TODAY_OVER_SQL = """
+    SELECT d.gpu_id, d.day, sum(d.observed_s)
+    FROM telemetry_dailyusage d
+    WHERE d.day = %(today)s AND d.gpu_id > %(base)s AND d.gpu_id <= %(top)s
+    GROUP BY d.gpu_id, d.day
+    HAVING sum(d.observed_s) > %(today_s)s::float8
 """
 
 
@@ -187,14 +190,8 @@ def _pooled_segments(
     }
     # The day in progress, where it is pooled: its capacity ends at now.
     last_day = params["to"] - dt.timedelta(days=1)
-    today, today_s, slack = None, 0.0, 0.0
-    if buckets[last_day].end > capacity_end:
-        today = last_day
-        today_s = (capacity_end - buckets[last_day].start).total_seconds()
-        into_hour = (capacity_end - _floor_hour(capacity_end)).total_seconds()
-        slack = 3600.0 - into_hour if into_hour else 0.0
-    limits = {"today": today, "today_s": today_s, "slack": slack}
-    params.update(limits)
+    today = last_day if buckets[last_day].end > capacity_end else None
+    params["today"] = today
     klass_sql = _KLASS_SQL
     if len(spans) > 1:
         klass_sql = _KLASS_DAYS_SQL
@@ -245,10 +242,25 @@ def _pooled_segments(
                     "firsts": dates_literal([days[i][0] for i in ids]),
                     "lasts": dates_literal([days[i][1] for i in ids]),
                     "zone": zone_name,
-                    **limits,
+                    "today": today,
                 },
             )
             over = cursor.fetchall()
+        if today is not None:
+            cursor.execute(
+                _TODAY_OVER_SQL,
+                {
+                    "today": today,
+                    "base": base,
+                    "top": top,
+                    "today_s": (capacity_end - buckets[today].start).total_seconds(),
+                },
+            )
+            over += [
+                row
+                for row in cursor.fetchall()
+                if row[0] in days and days[row[0]][0] <= today < days[row[0]][1]
+            ]
     excess: dict[tuple[int, dt.date], Decimal] = defaultdict(Decimal)
     for gpu_id, day, observed in over:
         bucket = buckets[day]
