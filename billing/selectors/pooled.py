@@ -24,8 +24,9 @@ def _poolable(
     zone: dt.tzinfo,
 ) -> dict[int, tuple[dt.date, dt.date]]:
     """Per GPU at one rate throughout the window, the days [from, to) within [start, end) it
-    is in service from midnight to midnight (each day's capacity is then the calendar day):
-    those GPU-days can be summed per rate class. (GPUs bought together share their days:
+    is in service from midnight to midnight, or to now on the day in progress (each day's
+    capacity is then the same for every such GPU): those GPU-days can be summed per rate
+    class. (GPUs bought together share their days:
     worked out once per service start and retirement.)"""
     split = set(split_ids)
     out: dict[int, tuple[dt.date, dt.date]] = {}
@@ -146,11 +147,11 @@ def _pooled_segments(
     stored, and offline hours (to the class's current site) = GPUs × the day's calendar
     hours (up to ``capacity_end``, now, on the day in progress) − their observed hours, the
     same sum as per GPU since none observed more than that (those that did are corrected
-    below). Every GPU of a class has the same rate, kind,
-    profile presence and nominal power, so ``_accumulate`` gives the same money. A segment
-    names no GPU (``gpu_ids`` empty): the stand-in need not be in service that day, and the
-    GPUs pooled on a day are counted from the pooled spans (``costs._row_acc``). And
-    whether a pooled GPU observed more than a day's length on some day."""
+    below). Every GPU of a class has the same rate, kind, profile presence and nominal
+    power, so ``_accumulate`` gives the same money. A segment names no GPU (``gpu_ids``
+    empty): the stand-in need not be in service that day, and the GPUs pooled on a day are
+    counted from the pooled spans (``costs._row_acc``). And whether some pooled GPU
+    observed more than its capacity on a day."""
     classes: dict[tuple[object, ...], int] = {}
     members: dict[int, list[_GpuInfo]] = defaultdict(list)
     for gpu_id in sorted(days):
