@@ -160,7 +160,9 @@ def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Ac
         else:
             found[1].append(segment)
     for site, members in classes.values():
-        _priced_into(acc, _merged(members, site), names)
+        # A class of one segment (a GPU's row, as a rule) is priced as it is: the same
+        # figures as its merged copy, without the copy.
+        _priced_into(acc, members[0] if len(members) == 1 else _merged(members, site), names)
     return acc
 
 
