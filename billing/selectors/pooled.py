@@ -26,8 +26,8 @@ def _poolable(
     """Per GPU at one rate throughout the window, the days [from, to) within [start, end) it
     is in service from midnight to midnight, or to now on the day in progress (each day's
     capacity is then the same for every such GPU): those GPU-days can be summed per rate
-    class. (GPUs bought together share their days:
-    worked out once per service start and retirement.)"""
+    class. GPUs bought together share their days: worked out once per service start and
+    retirement."""
     split = set(split_ids)
     out: dict[int, tuple[dt.date, dt.date]] = {}
     spans: dict[tuple[dt.datetime, dt.datetime | None], tuple[dt.date, dt.date] | None] = {}
