@@ -59,6 +59,7 @@ from billing.workloads import (
     workload_figures,
     workload_figures_by,
 )
+from config.replica import LARGE_READ_SQL
 from fleet.models import FleetSettings, Site
 from telemetry.models import WorkloadDailyUsage, WorkloadNodeDailyUsage
 
@@ -443,10 +444,8 @@ def _grouped_sums(
     out = _Sums([], [], [], {"user": {}, "account": {}})
     with transaction.atomic(using=db), connections[db].cursor() as cursor:
         # The window's rows hashed per workload, rate class and site (some 50,000 groups at
-        # 45,000 workloads): with the default 4 MB they would spill to disk.
-        cursor.execute("SELECT set_config('work_mem', '64MB', true)")
-        # A few hundred milliseconds of work: compiling it (JIT) would cost a tenth of that.
-        cursor.execute("SELECT set_config('jit', 'off', true)")
+        # 45,000 workloads), a large read (``read_cursor``'s settings) on the rows' database.
+        cursor.execute(LARGE_READ_SQL)
         cursor.execute(_STATEMENT.replace("{rows}", rows_sql), params)
         fetched = cursor.fetchall()
     for part, key, rep, site_id, gpu_s, air_s, energy_j, held_energy_j, count in fetched:

@@ -201,13 +201,11 @@ def _pooled_segments(
     observed_s: dict[tuple[int, dt.date], float] = defaultdict(float)
     segments: list[_Segment] = []
     over: list[tuple[Any, ...]] = []
-    with read_cursor(atomic=True) as cursor:
-        # Hashing a large fleet's class-days (1,000 GPUs × 90 days) outgrows the default
-        # 4 MB: this statement's transaction only. Parallel workers may share the scan, as
-        # in every other statement of the selectors: their partial sums make the last digits
-        # of a float vary between runs, never a cent (bench/figures_compare.py turns them
-        # off for its identical-figures check).
-        cursor.execute("SELECT set_config('work_mem', '64MB', true)")
+    with read_cursor(large=True) as cursor:
+        # A large fleet's class-days (1,000 GPUs × 90 days) hashed. Parallel workers may
+        # share the scan, as in every other statement of the selectors: their partial sums
+        # make the last digits of a float vary between runs, never a cent
+        # (bench/figures_compare.py turns them off for its identical-figures check).
         cursor.execute(
             _POOLED_SQL.format(
                 klass=klass_sql, summed=summed_sql, row_over=_ROW_OVER_SQL.format(d="d")

@@ -152,10 +152,7 @@ def _utilization_sql(
     if not gpus:
         return []
     params, _ = _utilization_params(load, start=start, end=end)
-    with read_cursor(atomic=True) as cursor:
-        # A GPU-day hash of a large fleet (1,000 × 90) outgrows the default 4 MB and would
-        # spill to disk; this statement only, in this transaction.
-        cursor.execute("SET LOCAL work_mem = '64MB'")
+    with read_cursor(large=True) as cursor:  # a GPU-day hash of a large fleet (1,000 × 90)
         cursor.execute(_UTILIZATION_SQL, params)
         found = {row[0]: row[1:] for row in cursor.fetchall()}
     out = []
