@@ -2,6 +2,7 @@
 
     DATABASE_URL=postgres://… python bench/dashboard.py [--gpus 1000] [--days 90]
         [--repeat 10] [--raw-days 7] [--goal-ms 500] [--keep] [--reuse] [--build-only]
+        [--close-months N]
 
 Builds a throwaway test database (``test_<name>``, dropped at the end unless ``--keep``) with
 ``--gpus`` GPUs on nodes of 8 in six pools, three sites, four teams, and ``--days`` of hourly
@@ -16,6 +17,10 @@ the rollups). Goal (issue 6): p95 ≤ 500 ms per page at 1,000 GPUs × 90 days; 
 at 10,000 GPUs × 90 days and at 1,000 GPUs × 365 days (``--goal-ms 1000``; ``--raw-days 0``
 skips the raw reference, 100 M samples at 10,000 GPUs). The finance API is timed too: the
 first JSON page of ``GET /api/v1/costs`` per GPU and day, and per team and month.
+
+``--close-months N`` closes the last N months that have ended (``billing.month_close``, as
+``manage.py close_month`` does) before timing, oldest first, where they are not closed yet:
+the pages then read those months' frozen figures and find their late data (issue 19).
 """
 
 from __future__ import annotations
@@ -55,6 +60,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--build-only", action="store_true", help="build (or reuse) the data set, time nothing"
+    )
+    parser.add_argument(
+        "--close-months",
+        type=int,
+        default=0,
+        metavar="N",
+        help="close the last N months that have ended before timing (docs/finance.md)",
     )
     parser.add_argument(
         "--reuse",
@@ -238,6 +250,22 @@ def build_fleet(gpus: int, days: int) -> tuple[dt.datetime, dt.datetime]:
     return start, end
 
 
+def close_months(count: int, end: dt.datetime) -> None:
+    """Close the last ``count`` months that have ended by ``end`` (oldest first)."""
+    from billing.month_close import month_close
+
+    last = end.date().replace(day=1)  # the month in progress: not closed
+    months: list[dt.date] = []
+    for _ in range(count):
+        last = (last - dt.timedelta(days=1)).replace(day=1)
+        months.insert(0, last)
+    for month in months:
+        started = time.perf_counter()
+        result = month_close(month=month, by="bench", now=end)
+        took = time.perf_counter() - started
+        print(f"  {result.message} ({took:.1f} s)")
+
+
 def reuse_fleet() -> tuple[dt.datetime | None, dt.datetime | None]:
     """The hours of a database kept by an earlier ``--keep`` run, or ``None`` to build one."""
     from django.db.models import Max, Min
@@ -356,6 +384,8 @@ def run(args: argparse.Namespace) -> int:
     start, end = reuse_fleet() if args.reuse else (None, None)
     if start is None or end is None:
         start, end = build_fleet(args.gpus, args.days)
+    if args.close_months:
+        close_months(args.close_months, end)
     if args.build_only:
         return 0
     user, _ = get_user_model().objects.get_or_create(username="bench-finance")

@@ -9,6 +9,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 
 from billing import cost_model as cm
+from telemetry.models import UsageSums
 
 
 class CostProfile(models.Model):
@@ -159,15 +160,16 @@ class MonthClose(models.Model):
         return f"{self.month:%Y-%m} ({state})"
 
 
-class ClosedSegment(models.Model):
+class ClosedSegment(UsageSums):
     """One GPU's figures for one local day, attribution and rate of a closed month, as the
-    close computed them: the hourly rollups' sums, the offline hours, and the terms they
-    were priced at (fixed rate, kind, the site's PUE, tariff and grid intensity), so the
-    cost model gives the same money from them whatever changes afterwards.
+    close computed them: the rollups' sums (the ``USAGE_SUMS`` columns), the offline hours,
+    and the terms they were priced at (fixed rate, kind, the site's PUE, tariff and grid
+    intensity), so the cost model gives the same money from them whatever changes afterwards.
 
-    ``figures``: ``{"sums": {column: float}, "offline_h": str, "rate": str, "kind": str,
-    "site": str | null, "pue": str, "price_per_kwh": str, "grid_g_per_kwh": str}`` (decimals
-    as strings: exact on every database).
+    Columns, not a document, so a page sums a closed month in SQL (per GPU or price class,
+    attribution and terms), from its ``whole_month`` rows where it reads whole months
+    (issue 19). The terms are decimal strings, exact on every database and grouped by as
+    they are; the offline hours a decimal to 30 places (summed).
     """
 
     close = models.ForeignKey(MonthClose, on_delete=models.CASCADE, related_name="segments")
@@ -179,10 +181,22 @@ class ClosedSegment(models.Model):
     pool_id_at = models.BigIntegerField(null=True)
     team_id_at = models.BigIntegerField(null=True)
     site_id_at = models.BigIntegerField(null=True)
-    figures = models.JSONField()
+    offline_h = models.DecimalField(max_digits=60, decimal_places=30, default=Decimal(0))
+    rate = models.CharField(
+        max_length=80, default="0", help_text="The fixed rate per GPU-hour, a decimal"
+    )
+    kind = models.CharField(max_length=8, blank=True, help_text="owned, rented, or none")
+    site_name = models.CharField(max_length=255, null=True, blank=True)
+    pue = models.CharField(max_length=80, default="1")
+    price_per_kwh = models.CharField(max_length=80, default="0")
+    grid_g_per_kwh = models.CharField(max_length=80, default="0")
     # Set on the adjustment a closed month carried for late data of an earlier closed
     # month: the day it corrects (so that adjustment is not booked a second time).
     adjusts = models.DateField(null=True, blank=True)
+    # The month's own rows summed per GPU, attribution and terms over its days (``day`` its
+    # first day): what a read of whole closed months, or of a month's late data, sums
+    # instead of a row per GPU and day (never set on an adjustment).
+    whole_month = models.BooleanField(default=False)
 
     class Meta:
         indexes = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.db import transaction
@@ -19,9 +20,10 @@ from django.utils import timezone
 
 from billing.models import ClosedSegment, MonthClose
 from billing.selectors.calendar import month_after
-from billing.selectors.closing import compute, segment_figures
-from billing.selectors.types import Filters
+from billing.selectors.closing import compute, segment_columns
+from billing.selectors.types import Filters, _Computation
 from fleet.models import FleetSettings
+from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 
 MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
 
@@ -42,6 +44,52 @@ def month_ended_check(*, month: dt.date, now: dt.datetime | None = None) -> Zone
     if end > (now or timezone.now()):
         raise ValueError(f"month: {month:%Y-%m} has not ended in the report time zone ({zone.key})")
     return zone
+
+
+def closing_rows(month: dt.date, computation: _Computation) -> list[dict[str, Any]]:
+    """The ``ClosedSegment`` fields a close stores of its month's computation: one row per
+    segment of the month's own, and those summed per GPU, attribution and terms over the
+    month (``whole_month``); and its late data for earlier closed months as the computation
+    found it (netted per GPU, corrected day, attribution and terms: ``closing.late_data``)."""
+    rows: list[dict[str, Any]] = []
+    months: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for segment in computation.segments:
+        fields = {
+            "day": segment.bucket.key,
+            "gpu_id": segment.gpu.id,
+            "node_id_at": segment.node_id,
+            "pool_id_at": segment.pool_id,
+            "team_id_at": segment.team_id,
+            "site_id_at": segment.site_id,
+            "adjusts": segment.adjusts,
+            **segment_columns(segment, computation),
+        }
+        rows.append(fields)
+        if segment.adjusts is None:
+            month_row = {**fields, "day": month, "whole_month": True}
+            key = tuple(month_row[k] for k in _MONTH_ROW_BY)
+            found = months.get(key)
+            if found is None:
+                months[key] = month_row
+            else:
+                for name in (*_SUM_FIELDS, "offline_h"):
+                    found[name] += month_row[name]
+    return rows + list(months.values())
+
+
+_MONTH_ROW_BY = (
+    "gpu_id",
+    "node_id_at",
+    "pool_id_at",
+    "team_id_at",
+    "site_id_at",
+    "rate",
+    "kind",
+    "site_name",
+    "pue",
+    "price_per_kwh",
+    "grid_g_per_kwh",
+)
 
 
 @dataclass(frozen=True)
@@ -66,23 +114,15 @@ def month_close(*, month: dt.date, by: str, now: dt.datetime | None = None) -> C
         # The month as it stands, with the adjustments booked in it for late data of
         # earlier closed months: frozen with it.
         computation = compute(
-            start=month, end=month_after(month), period="day", filters=Filters(), now=now
+            start=month,
+            end=month_after(month),
+            period="day",
+            filters=Filters(),
+            now=now,
+            adjust_days=True,
         )
         ClosedSegment.objects.filter(close=close).delete()
-        rows = [
-            ClosedSegment(
-                close=close,
-                day=segment.bucket.key,
-                gpu_id=segment.gpu.id,
-                node_id_at=segment.node_id,
-                pool_id_at=segment.pool_id,
-                team_id_at=segment.team_id,
-                site_id_at=segment.site_id,
-                figures=segment_figures(segment, computation),
-                adjusts=segment.adjusts,
-            )
-            for segment in computation.segments
-        ]
+        rows = [ClosedSegment(close=close, **fields) for fields in closing_rows(month, computation)]
         ClosedSegment.objects.bulk_create(rows, batch_size=2000)
         close.closed, close.closed_at, close.closed_by, close.zone = True, now, by, zone.key
         close.segments_count = len(rows)

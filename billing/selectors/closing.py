@@ -19,11 +19,16 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Q
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db import connection
+from django.db.models import FloatField, Q, QuerySet, Sum
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Cast
 
 from billing import cost_model as cm
 from billing.models import ClosedSegment, MonthClose
-from billing.selectors.calendar import _bucket_key, _buckets, month_after
+from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight, month_after
+from billing.selectors.literals import array_literal
 from billing.selectors.loading import _load, _Loaded
 from billing.selectors.sums import _compute, _segment_kept
 from billing.selectors.types import (
@@ -32,9 +37,11 @@ from billing.selectors.types import (
     _Bucket,
     _Computation,
     _GpuInfo,
+    _NamesAndSiteTerms,
     _Segment,
     _SiteTerms,
 )
+from config.replica import read_cursor
 from fleet.models import Node
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 
@@ -79,54 +86,101 @@ def _runs(
         cursor = edge
 
 
+_AT = ("node_id_at", "pool_id_at", "team_id_at", "site_id_at")
+_TERMS = ("rate", "kind", "site_name", "pue", "price_per_kwh", "grid_g_per_kwh")
+
+
 def frozen_segments(
     *,
     where: Q,
     loaded: _Loaded,
     filters: Filters,
-    bucket_for: Callable[[dt.date], _Bucket],
+    bucket: Callable[[dt.date], _Bucket] | _Bucket,
     sign: int = 1,
+    adjusts: dt.date | None = None,
+    by_class: bool = False,
 ) -> list[_Segment]:
-    """The stored segments of closed months that ``where`` selects, each GPU standing in with
-    the rate it was priced at then. ``sign`` 1: as stored (an adjustment a closed month
-    carried stays one); -1: negated, as the frozen part of a new adjustment, which adjusts
-    the segment's own day."""
+    """The stored segments of closed months that ``where`` selects, summed in SQL per GPU,
+    attribution and terms (``by_class``, on PostgreSQL: per price class of the GPUs, as
+    ``sums._compute`` sums live ones, naming the GPUs; no node), each GPU standing in with
+    the rate it was priced at then. ``bucket``: a day's bucket (the rows summed per day), or
+    the one bucket of them all (summed over their days).
+
+    ``sign`` 1: as stored (an adjustment a closed month carried stays one, for its day);
+    -1: negated, as the frozen part of a new adjustment: for ``adjusts`` (the closed month,
+    as the costs rows book it), or without it for each row's own day (per day: a FOCUS
+    file's and a close's corrections)."""
+    per_day = not isinstance(bucket, _Bucket) or (sign < 0 and adjusts is None)
+    keys = [*(_AT[1:] if by_class else _AT), *_TERMS]
+    if per_day:
+        keys.append("day")
+    if sign > 0 or adjusts is None:
+        keys.append("adjusts")
     rows = ClosedSegment.objects.filter(where, close__closed=True)
+    if filters.models or filters.gpus:  # few GPUs: the others' rows are not read
+        rows = rows.filter(gpu_id__in=list(loaded.gpus))
+    sums: dict[str, Any] = {f"s_{f}": Cast(Sum(f), FloatField()) for f in _SUM_FIELDS}
+    sums["s_offline_h"] = Sum("offline_h")
+    classes = None
+    if by_class and connection.vendor == "postgresql" and loaded.gpus:
+        # One statement per class: each row's class from a dense array by GPU id (SQL
+        # arrays are 1-based: index = id - base; -1 where a GPU is not in the computation).
+        classes = _frozen_classes(loaded)
+        klass = RawSQL("(%s::int[])[gpu_id - %s]", (classes.at, classes.base))
+        capacity = Q(observed_s__gt=0) | Q(offline_h__gt=0)
+        sums["ids"] = ArrayAgg("gpu_id", filter=capacity)  # no DISTINCT: a hash, no sort
+        summed = (
+            rows.filter(gpu_id__gt=classes.base, gpu_id__lte=classes.top)
+            .annotate(klass=klass)
+            .filter(klass__gte=0)
+            .values("klass", *keys)
+            .annotate(**sums)
+            .order_by()
+        )
+    else:
+        summed = rows.values("gpu_id", *keys).annotate(**sums).order_by()
     stand_ins: dict[tuple[Any, ...], _GpuInfo] = {}
     names = loaded.names
     out: list[_Segment] = []
-    fields = ("day", "gpu_id", "node_id_at", "pool_id_at", "team_id_at", "site_id_at")
-    for *row, figures, carried in rows.values_list(*fields, "figures", "adjusts"):
-        day, gpu_id, node_id, pool_id, team_id, site_id = row
-        gpu = loaded.gpus.get(gpu_id)
-        if gpu is None:  # filtered out, or retired before the query
-            continue
-        rate, kind = Decimal(figures["rate"]), figures["kind"]
-        stand_in = stand_ins.get((gpu_id, rate, kind))
+    for row in _frozen_rows(summed):
+        if classes is not None:
+            owner, ids = classes.reps[row["klass"]], row["ids"] or []
+        else:
+            found = loaded.gpus.get(row["gpu_id"])
+            if found is None:  # filtered out, or retired before the query
+                continue
+            owner, ids = found, None
+        rate, kind = Decimal(row["rate"]), row["kind"]
+        place = (row.get("klass", owner.id), rate, kind)
+        stand_in = stand_ins.get(place)
         if stand_in is None:
-            stand_in = stand_ins[(gpu_id, rate, kind)] = dataclasses.replace(
-                gpu,
+            stand_in = stand_ins[place] = dataclasses.replace(
+                owner,
                 terms=cm.CostTerms(kind=kind) if kind else None,
                 rates=(rate, rate, rate),
                 boundary_hour=None,
             )
+        day = row.get("day")
+        carried = row.get("adjusts")
         segment = _Segment(
             gpu=stand_in,
-            bucket=bucket_for(day),
+            bucket=bucket if isinstance(bucket, _Bucket) else bucket(row["day"]),
             phase=0,
-            node_id=node_id,
-            pool_id=pool_id,
-            team_id=team_id,
-            site_id=site_id,
-            sums={f: sign * float(figures["sums"].get(f, 0.0)) for f in _SUM_FIELDS},
-            offline_h=sign * Decimal(figures["offline_h"]),
+            node_id=row.get("node_id_at"),
+            pool_id=row["pool_id_at"],
+            team_id=row["team_id_at"],
+            site_id=row["site_id_at"],
+            sums={f: sign * (row[f"s_{f}"] or 0.0) for f in _SUM_FIELDS},
+            offline_h=sign * (row["s_offline_h"] or Decimal(0)),
             site_terms=_SiteTerms(
-                name=figures["site"],
-                pue=Decimal(figures["pue"]),
-                price_per_kwh=Decimal(figures["price_per_kwh"]),
-                grid_g_per_kwh=Decimal(figures["grid_g_per_kwh"]),
+                name=row["site_name"],
+                pue=Decimal(row["pue"]),
+                price_per_kwh=Decimal(row["price_per_kwh"]),
+                grid_g_per_kwh=Decimal(row["grid_g_per_kwh"]),
             ),
-            adjusts=carried if sign > 0 else (carried or day),
+            adjusts=carried if sign > 0 else (adjusts or carried or day),
+            # Negated, a class's GPUs have no capacity in it (as one GPU's own sign says).
+            gpu_ids=None if ids is None else (set(ids) if sign > 0 else set()),
         )
         if _segment_kept(segment, filters, names):
             out.append(segment)
@@ -136,16 +190,56 @@ def frozen_segments(
     return out
 
 
-def segment_figures(segment: _Segment, computation: _Computation) -> dict[str, Any]:
-    """What ``ClosedSegment.figures`` keeps of one live segment (see there)."""
+@dataclasses.dataclass
+class _FrozenClasses:
+    """The GPUs of a computation by what prices a frozen segment beside its stored terms
+    (nominal power, model): ``reps[i]`` stands for class ``i``; ``at`` each GPU's class
+    (an array literal, index = id - ``base``; -1: no GPU of the computation) up to ``top``."""
+
+    reps: list[_GpuInfo]
+    at: str
+    base: int
+    top: int
+
+
+def _frozen_classes(loaded: _Loaded) -> _FrozenClasses:
+    of: dict[tuple[Any, ...], int] = {}
+    reps: list[_GpuInfo] = []
+    base, top = min(loaded.gpus) - 1, max(loaded.gpus)
+    at = [-1] * (top - base)
+    for gpu in loaded.gpus.values():
+        key = (gpu.max_power_w, gpu.idle_power_w, gpu.model_key, gpu.model_name)
+        index = of.get(key)
+        if index is None:
+            index = of[key] = len(reps)
+            reps.append(gpu)
+        at[gpu.id - base - 1] = index
+    return _FrozenClasses(reps=reps, at=array_literal(at), base=base, top=top)
+
+
+def _frozen_rows(summed: QuerySet[Any]) -> list[dict[str, Any]]:
+    """The rows of ``summed`` as dicts; on PostgreSQL its statement read in the binary
+    format (``sums._summed``: Django's converters cost more than the query)."""
+    if connection.vendor != "postgresql":
+        return list(summed)
+    sql, params = summed.query.sql_with_params()
+    with read_cursor(binary=True, large=True) as cursor:
+        cursor.execute(sql, params)
+        heads = [column.name for column in cursor.description]
+        return [dict(zip(heads, values, strict=True)) for values in cursor.fetchall()]
+
+
+def segment_columns(segment: _Segment, computation: _Computation) -> dict[str, Any]:
+    """What a ``ClosedSegment`` keeps of one live segment (see there): its sums, offline
+    hours and terms."""
     site = segment.site_terms or computation.names.site(segment.site_id)
     gpu = segment.gpu
     return {
-        "sums": {f: segment.sums.get(f, 0.0) for f in _SUM_FIELDS},
-        "offline_h": str(segment.offline_h),
+        **{f: segment.sums.get(f, 0.0) for f in _SUM_FIELDS},
+        "offline_h": segment.offline_h,
         "rate": str(gpu.rates[segment.phase]),
         "kind": gpu.kind or "",
-        "site": site.name,
+        "site_name": site.name,
         "pue": str(site.pue),
         "price_per_kwh": str(site.price_per_kwh),
         "grid_g_per_kwh": str(site.grid_g_per_kwh),
@@ -180,9 +274,14 @@ def compute(
     pooled: bool = False,
     loaded: _Loaded | None = None,
     by_class: bool = False,
+    adjust_days: bool = False,
 ) -> _Computation:
     """``_compute``, with closed months frozen and their late data booked as adjustments
-    (``by_class`` for the open months' own figures, never for the late data's)."""
+    (``by_class`` for the open months' own figures and the closed months' alike).
+
+    An adjustment ``adjusts`` its closed month (its first day: the costs rows name the
+    month), or with ``adjust_days`` each day it corrects (a FOCUS file's corrections, a
+    close's carried adjustments), which finds the late data per GPU and day."""
     closed, booked_here, runs = _closes(start, end)
     if not booked_here and all(not is_closed for _, _, is_closed in runs):
         return _compute(
@@ -205,13 +304,16 @@ def compute(
 
     segments: list[_Segment] = []
     base: _Computation | None = None
+    additive = True  # the closed days and the late data add up over any buckets
+    pooled_gpus: dict[tuple[dt.date, dt.date], set[int]] = {}
     for run_start, run_end, is_closed in runs:
         if is_closed:
             segments += frozen_segments(
-                where=Q(day__gte=run_start, day__lt=run_end),
+                where=_closed_run(run_start, run_end, months=period in ("all", "month")),
                 loaded=loaded,
                 filters=filters,
-                bucket_for=bucket_for,
+                bucket=all_buckets[0] if period == "all" else bucket_for,
+                by_class=by_class,
             )
             continue
         part = _compute(
@@ -220,6 +322,7 @@ def compute(
             period=period,
             filters=filters,
             now=now,
+            pooled=pooled,
             loaded=loaded,
             by_class=by_class,
         )
@@ -227,29 +330,37 @@ def compute(
             segment.bucket = bucket_for(segment.bucket.key if period != "all" else run_start)
         segments += part.segments
         base = base or part
+        additive = additive and part.offline_additive
+        for span, ids in part.pooled.items():  # each part's own days
+            pooled_gpus.setdefault(span, set()).update(ids)
     for month, booked_on in booked_here.items():
-        # Late data for ``month``: now less frozen, per day, GPU and attribution, booked on
-        # the first day of the query in its booking month.
+        # Late data for ``month``: now less frozen, per GPU (or class), attribution and
+        # terms, booked on the first day of the query in its booking month.
         bucket = bucket_for(booked_on)
         month_end = month_after(month)
         month_loaded = _load(start=month, end=month_end, filters=filters, now=now)
-        live = _compute(
-            start=month, end=month_end, period="day", filters=filters, now=now, loaded=month_loaded
+        live = _live_month(
+            month, month_loaded, filters=filters, by_class=by_class, per_day=adjust_days
         )
-        for segment in live.segments:
-            segment.adjusts = segment.bucket.key
+        for segment in live:
+            segment.adjusts = segment.bucket.key if adjust_days else month
             segment.bucket = bucket
-        segments += live.segments
         # Less what was frozen: the month's own segments, and the adjustments for it that
         # later months carried when they closed (booked there already).
-        segments += frozen_segments(
-            where=Q(day__gte=month, day__lt=month_end, adjusts__isnull=True)
-            | Q(adjusts__gte=month, adjusts__lt=month_end),
+        carried = Q(whole_month=False, adjusts__gte=month, adjusts__lt=month_end)
+        own = Q(whole_month=True, day=month)
+        if adjust_days:
+            own = Q(whole_month=False, day__gte=month, day__lt=month_end, adjusts__isnull=True)
+        frozen = frozen_segments(
+            where=own | carried,
             loaded=month_loaded,
             filters=filters,
-            bucket_for=lambda _day, bucket=bucket: bucket,  # type: ignore[misc]
+            bucket=bucket,
             sign=-1,
+            adjusts=None if adjust_days else month,
+            by_class=by_class,
         )
+        segments += late_data(live + frozen, month_loaded.names)
         loaded.names.nodes.update(month_loaded.names.nodes)
     local_start, local_end = all_buckets[0].local_start, all_buckets[-1].local_end
     names = loaded.names
@@ -270,7 +381,133 @@ def compute(
         closed_buckets=frozenset(
             b.key for b in all_buckets if _wholly_closed(b, loaded.zone, closed)
         ),
+        pooled=pooled_gpus,
+        offline_additive=additive,
     )
+
+
+def late_data(segments: list[_Segment], names: _NamesAndSiteTerms) -> list[_Segment]:
+    """A closed month's late data from its live segments and its frozen ones negated: summed
+    per GPU (or price class), attribution, terms, bucket and corrected day, one segment each,
+    left out where the two are equal but for float rounding (every sum and the offline hours
+    within a relative ``_RELATIVE`` of the larger part: the same data summed in another
+    order, from the monthly rows rather than the days). Every figure is linear in the sums
+    and offline hours, so this is the money of the parts where anything came late, and no
+    row of noise where nothing did. A netted segment counts the GPUs its live part has
+    capacity in (``gpu_ids``), as the live segments would."""
+    groups: dict[tuple[Any, ...], list[_Segment]] = {}
+    for segment in segments:
+        gpu = segment.gpu
+        per_gpu = segment.gpu_ids is None
+        key: tuple[Any, ...] = (gpu.id if per_gpu else None, per_gpu, gpu.kind)
+        key += (gpu.rates[segment.phase], segment.site_terms or names.site(segment.site_id))
+        key += (gpu.max_power_w, gpu.idle_power_w, gpu.model_key, segment.node_id)
+        key += (segment.pool_id, segment.team_id, segment.site_id, segment.adjusts)
+        key += (segment.bucket.key,)
+        groups.setdefault(key, []).append(segment)
+    out: list[_Segment] = []
+    for members in groups.values():
+        sums, scale = dict.fromkeys(_SUM_FIELDS, 0.0), dict.fromkeys(_SUM_FIELDS, 0.0)
+        offline_h, offline_scale = Decimal(0), Decimal(0)
+        counted: set[int] = set()
+        for member in members:
+            for name in _SUM_FIELDS:
+                value = member.sums[name]
+                sums[name] += value
+                scale[name] = max(scale[name], abs(value))
+            offline_h += member.offline_h
+            offline_scale = max(offline_scale, abs(member.offline_h))
+            if member.gpu_ids is not None:
+                counted |= member.gpu_ids
+            elif member.sums["observed_s"] > 0 or member.offline_h > 0:  # a live GPU's own
+                counted.add(member.gpu.id)
+        if abs(offline_h) <= offline_scale * _RELATIVE_D + _RELATIVE_D and all(
+            abs(sums[name]) <= scale[name] * _RELATIVE + _RELATIVE for name in _SUM_FIELDS
+        ):
+            continue
+        first = members[0]
+        site = first.site_terms or names.site(first.site_id)
+        netted = dataclasses.replace(
+            first, sums=sums, offline_h=offline_h, site_terms=site, gpu_ids=counted
+        )
+        out.append(netted)
+    return out
+
+
+_RELATIVE = 1e-9
+_RELATIVE_D = Decimal("1e-9")
+
+
+def _closed_run(start: dt.date, end: dt.date, *, months: bool) -> Q:
+    """The stored rows of the closed days [start, end): a row per GPU and day, or with
+    ``months`` the month rows of the whole months among them and the day rows of the rest
+    (and of the adjustments carried, which have no month rows)."""
+    days = Q(whole_month=False, day__gte=start, day__lt=end)
+    first = start if start.day == 1 else month_after(start)
+    last = end.replace(day=1)
+    if not months or last <= first:
+        return days
+    inside = Q(day__gte=first, day__lt=last)
+    return (Q(whole_month=True) & inside) | (days & (~inside | Q(adjusts__isnull=False)))
+
+
+# GPUs with a daily row of the month that observed more than 3600 s per hour it sums
+# (overlapping samples): only there can a day observe more than its length (an hour has one
+# row per GPU), and clamping its offline hours at 0 makes the day's not add up to the month's.
+_OVER_SQL = """
+    SELECT DISTINCT gpu_id FROM telemetry_dailyusage
+    WHERE day >= %s AND day < %s AND observed_s > 3600 * hours
+"""
+
+
+def _live_month(
+    month: dt.date, loaded: _Loaded, *, filters: Filters, by_class: bool, per_day: bool
+) -> list[_Segment]:
+    """The closed ``month`` computed from the rollups now (filtered as ``loaded`` is), in
+    segments whose sums less the frozen ones are its late data.
+
+    The frozen segments are per day, so the live ones must add up as days do: ``per_day``
+    computes each day. Otherwise (the costs rows) the month is computed whole, from the
+    monthly rows, for every GPU whose days add up to it: in service the whole month, no
+    depreciation boundary in it, no day that observed more than it has hours (checked in
+    SQL, on PostgreSQL); the others, day by day."""
+    end = month_after(month)
+    per_gpu_day: dict[int, _GpuInfo] = dict(loaded.gpus)
+    whole: dict[int, _GpuInfo] = {}
+    if not per_day and loaded.daily_zone and connection.vendor == "postgresql":
+        first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
+        last = _local_midnight(end, loaded.zone).astimezone(dt.UTC)
+        sql = _OVER_SQL.strip()
+        params: list[Any] = [month, end]
+        if filters.gpus or filters.models:  # a few GPUs: their rows only
+            sql += " AND gpu_id = ANY(%s::bigint[])"
+            params.append(array_literal(list(loaded.gpus)))
+        with read_cursor() as cursor:
+            cursor.execute(sql, params)
+            over = {gpu_id for (gpu_id,) in cursor.fetchall()}
+        for gpu_id, info in loaded.gpus.items():
+            if (
+                gpu_id not in over
+                and info.service_start is not None
+                and info.service_start <= first
+                and (info.retired_at is None or info.retired_at >= last)
+                and (info.boundary_hour is None or not first <= info.boundary_hour < last)
+            ):
+                whole[gpu_id] = per_gpu_day.pop(gpu_id)
+    segments: list[_Segment] = []
+    for gpus, period in ((whole, "all"), (per_gpu_day, "day")):
+        if gpus:
+            part = _compute(
+                start=month,
+                end=end,
+                period=period,
+                filters=filters,
+                now=loaded.now,
+                loaded=dataclasses.replace(loaded, gpus=gpus),
+                by_class=by_class,
+            )
+            segments += part.segments
+    return segments
 
 
 def _wholly_closed(bucket: _Bucket, zone: dt.tzinfo, closed: dict[dt.date, int]) -> bool:

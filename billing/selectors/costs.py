@@ -8,7 +8,6 @@ import datetime as dt
 import functools
 import logging
 import math
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -130,18 +129,20 @@ def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Ac
     cent (``test_price_classes_give_the_segment_by_segment_figures``). A page of 10,000 GPUs
     prices a few classes, not 20,000 segments.
 
-    Segments of late data for a closed month (``adjusts``) are priced one by one as they
-    are: they hold negated frozen figures, so whether each has capacity is its own sign."""
+    Segments of late data for a closed month (``adjusts``) are priced in their classes too
+    (their sums may be negative: frozen figures negated); whether one GPU's has capacity is
+    its own capacity's sign, a class's names its GPUs (none, negated)."""
     acc = _Acc()
     gpu_ids = acc.gpu_ids
     classes: dict[tuple[object, ...], tuple[_SiteTerms, list[_Segment]]] = {}
     for segment in segments:
-        if segment.adjusts is not None:
-            _accumulate(acc, segment, names)
-            continue
         gpu = segment.gpu
         if segment.gpu_ids is not None:  # a class's segment: its GPUs with capacity
             gpu_ids |= segment.gpu_ids
+        elif segment.adjusts is not None:
+            observed_h = cm.hours_from_seconds(seconds=segment.sums["observed_s"])
+            if observed_h + segment.offline_h > 0:
+                gpu_ids.add(gpu.id)
         elif segment.sums["observed_s"] > 0 or segment.offline_h > 0:  # both ≥ 0: capacity > 0
             gpu_ids.add(gpu.id)
         site = segment.site_terms or names.site(segment.site_id)
@@ -444,7 +445,7 @@ def cost_rows_in_parts(
     cost terms and rates) is read once for the whole range, with one ``now``: a year of
     months reads the fleet once, not twelve times."""
     for computation, groups in _parts(start, end, parts, group_by, period, filters, now):
-        spans = _pooled_spans(computation)
+        spans = computation.pooled
         yield from (_row(entry, computation, spans) for entry in groups)
 
 
@@ -499,7 +500,7 @@ def cost_rows_counted(
             return sum(counted.counts), page
     count, page = 0, []
     for computation, groups in _parts(start, end, parts, group_by, period, filters, loaded=loaded):
-        spans = _pooled_spans(computation)
+        spans = computation.pooled
         for entry in groups[max(0, offset - count) : max(0, offset + limit - count)]:
             page.append(_row(entry, computation, spans))
         count += len(groups)
@@ -559,7 +560,7 @@ def _counted_page(
         )
         return None
     page = found[offset - before : offset - before + limit]
-    spans = {id(comp): _pooled_spans(comp) for _, comp in page}
+    spans = {id(comp): comp.pooled for _, comp in page}
     return [_row(entry, comp, spans[id(comp)]) for entry, comp in page]
 
 
@@ -606,7 +607,7 @@ def cost_rows_after(
         wanted = math.ceil((limit + 1 - len(found)) / per_bucket) if per_bucket else 0
         size = max(2 * size, wanted)
         first = last
-    rows = [_row(entry, comp, _pooled_spans(comp)) for entry, comp in found[:limit]]
+    rows = [_row(entry, comp, comp.pooled) for entry, comp in found[:limit]]
     if len(found) <= limit:
         return rows, None
     return rows, found[limit - 1][0].place()
@@ -669,17 +670,8 @@ def _part(
 
 def _rows(computation: _Computation, group_by: str) -> list[CostRow]:
     assert not computation.pooled or group_by == "fleet", "pooled segments are a class of GPUs"
-    spans = _pooled_spans(computation)
+    spans = computation.pooled  # none outside the overview's trend
     return [_row(entry, computation, spans) for entry in _groups(computation, group_by)]
-
-
-def _pooled_spans(computation: _Computation) -> dict[tuple[dt.date, dt.date], set[int]]:
-    """The pooled GPUs by the span of days they were pooled over (few spans: most GPUs share
-    one); none outside the overview's trend."""
-    spans: dict[tuple[dt.date, dt.date], set[int]] = defaultdict(set)
-    for gpu_id, span in computation.pooled.items():
-        spans[span].add(gpu_id)
-    return spans
 
 
 def _row(
@@ -755,7 +747,7 @@ def cost_rows_deferred_by(
     row's money accumulated and its ordering figures computed, the rest of the row made by
     ``row()`` (``[d.row() for d in rows]`` is ``cost_rows_by``'s list)."""
     computation = _grouped_compute(start, end, group_bys, period, filters, now)
-    spans = _pooled_spans(computation)
+    spans = computation.pooled
     out: dict[str, list[DeferredRow]] = {}
     for group_by in group_bys:
         rows = out[group_by] = []
@@ -852,7 +844,7 @@ def _summary(computation: _Computation, filters: Filters) -> FleetSummary:
     """The fleet's row (from a computation by price class, or per GPU, of the whole window
     or of its days taken together) and its GPUs now."""
     acc = _accumulated(computation.segments, computation.names)
-    acc.gpu_ids.update(computation.pooled)  # pooled segments name no GPU
+    acc.gpu_ids.update(*computation.pooled.values())  # pooled segments name no GPU
     row = _cost_row(
         acc,
         key="fleet",

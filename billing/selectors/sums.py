@@ -191,15 +191,7 @@ FROM g GROUP BY g.gpu_id{bucket_col}
     heads = ["class", "pool_id", "team_id", "site_id", *bucket]
     n = len(heads)
     out = []
-    with read_cursor(atomic=True, binary=True) as cursor:
-        # The planner takes the join of the classes for millions of rows (it cannot know
-        # each GPU is one row of the array) and JIT-compiles the statement: ~0.45 s of
-        # compiling for a 40 ms query at 10,000 GPUs. Its three sorts of a row per GPU
-        # (and bucket) outgrow the default 4 MB at 10,000 GPUs and spilled to disk: this
-        # transaction only, as in the pooled trend's statement.
-        cursor.execute(
-            "SELECT set_config('jit', 'off', true), set_config('work_mem', '64MB', true)"
-        )
+    with read_cursor(binary=True, large=True) as cursor:
         cursor.execute(wrapped, [*params, classes.ids, classes.indexes])
         first_bucket = n - len(bucket)
         for kind, gpu_id, *values in cursor.fetchall():
@@ -590,9 +582,18 @@ def _compute(
         gpus=gpus,
         names=names,
         segments=segments,
-        pooled=pooled_days,
+        pooled=_by_span(pooled_days),
         offline_additive=not over,
     )
+
+
+def _by_span(
+    days: dict[int, tuple[dt.date, dt.date]],
+) -> dict[tuple[dt.date, dt.date], set[int]]:
+    spans: dict[tuple[dt.date, dt.date], set[int]] = defaultdict(set)
+    for gpu_id, span in days.items():
+        spans[span].add(gpu_id)
+    return dict(spans)
 
 
 def _kept(

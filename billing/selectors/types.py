@@ -212,7 +212,9 @@ class _Computation:
     segments: list[_Segment]
     # Pooled (fleet trend only): per GPU, the days [from, to) summed per rate class, not per
     # GPU; those segments carry a stand-in GPU of the class.
-    pooled: dict[int, tuple[dt.date, dt.date]] = field(default_factory=dict)  # GPU: [from, to)
+    # The GPUs whose offline hours pooled segments hold, by the days [from, to) they were
+    # pooled over (few spans: most GPUs share one).
+    pooled: dict[tuple[dt.date, dt.date], set[int]] = field(default_factory=dict)
     # Keys of the buckets that lie wholly in closed months (their figures are frozen).
     closed_buckets: frozenset[dt.date] = frozenset()
     # No GPU observed more than its capacity in any bucket and phase (overlapping samples,
