@@ -111,6 +111,7 @@ def frozen_segments(
     as the costs rows book it), or without it for each row's own day (per day: a FOCUS
     file's and a close's corrections)."""
     per_day = not isinstance(bucket, _Bucket) or (sign < 0 and adjusts is None)
+    by_class = by_class and connection.vendor == "postgresql" and bool(loaded.gpus)
     keys = [*(_AT[1:] if by_class else _AT), *_TERMS]
     if per_day:
         keys.append("day")
@@ -122,7 +123,7 @@ def frozen_segments(
     sums: dict[str, Any] = {f"s_{f}": Cast(Sum(f), FloatField()) for f in _SUM_FIELDS}
     sums["s_offline_h"] = Sum("offline_h")
     classes = None
-    if by_class and connection.vendor == "postgresql" and loaded.gpus:
+    if by_class:
         # One statement per class: each row's class from a dense array by GPU id (SQL
         # arrays are 1-based: index = id - base; -1 where a GPU is not in the computation).
         classes = _frozen_classes(loaded)
