@@ -141,6 +141,7 @@ def frozen_segments(
     else:
         summed = rows.values("gpu_id", *keys).annotate(**sums).order_by()
     stand_ins: dict[tuple[Any, ...], _GpuInfo] = {}
+    sites: dict[tuple[Any, ...], _SiteTerms] = {}
     names = loaded.names
     out: list[_Segment] = []
     for row in _frozen_rows(summed):
@@ -151,15 +152,25 @@ def frozen_segments(
             if found is None:  # filtered out, or retired before the query
                 continue
             owner, ids = found, None
-        rate, kind = Decimal(row["rate"]), row["kind"]
-        place = (row.get("klass", owner.id), rate, kind)
+        kind = row["kind"]
+        place = (row.get("klass", owner.id), row["rate"], kind)
         stand_in = stand_ins.get(place)
         if stand_in is None:
+            rate = Decimal(row["rate"])
             stand_in = stand_ins[place] = dataclasses.replace(
                 owner,
                 terms=cm.CostTerms(kind=kind) if kind else None,
                 rates=(rate, rate, rate),
                 boundary_hour=None,
+            )
+        terms = (row["site_name"], row["pue"], row["price_per_kwh"], row["grid_g_per_kwh"])
+        site_terms = sites.get(terms)
+        if site_terms is None:  # a few per query: each parsed once
+            site_terms = sites[terms] = _SiteTerms(
+                name=terms[0],
+                pue=Decimal(terms[1]),
+                price_per_kwh=Decimal(terms[2]),
+                grid_g_per_kwh=Decimal(terms[3]),
             )
         day = row.get("day")
         carried = row.get("adjusts")
@@ -173,12 +184,7 @@ def frozen_segments(
             site_id=row["site_id_at"],
             sums={f: sign * (row[f"s_{f}"] or 0.0) for f in _SUM_FIELDS},
             offline_h=sign * (row["s_offline_h"] or Decimal(0)),
-            site_terms=_SiteTerms(
-                name=row["site_name"],
-                pue=Decimal(row["pue"]),
-                price_per_kwh=Decimal(row["price_per_kwh"]),
-                grid_g_per_kwh=Decimal(row["grid_g_per_kwh"]),
-            ),
+            site_terms=site_terms,
             adjusts=carried if sign > 0 else (adjusts or carried or day),
             # Negated, a class's GPUs have no capacity in it (as one GPU's own sign says).
             gpu_ids=None if ids is None else (set(ids) if sign > 0 else set()),
