@@ -97,9 +97,11 @@ class Captured:
 
         found: set[str] = set()
         for sql in getattr(self, side):
-            if sql.lstrip().upper().startswith(("SELECT", "WITH")):
+            # A raw statement may open with comments, and names its tables unquoted.
+            text = re.sub(r"^(\s*--[^\n]*\n)*", "", sql).lstrip()
+            if text.upper().startswith(("SELECT", "WITH")):
                 found |= set(
-                    re.findall(r'"((?:fleet|telemetry|billing|alerts|auth|django)_\w+)"', sql)
+                    re.findall(r'\b"?((?:fleet|telemetry|billing|alerts|auth|django)_\w+)"?', text)
                 )
         return found
 
