@@ -376,7 +376,7 @@ def compute(
             adjusts=None if adjust_days else month,
             by_class=by_class,
         )
-        segments += late_data(live + frozen, month_loaded.names)
+        segments += late_data(live + frozen, month_loaded.names, by_class=by_class)
         loaded.names.nodes.update(month_loaded.names.nodes)
     local_start, local_end = all_buckets[0].local_start, all_buckets[-1].local_end
     names = loaded.names
@@ -402,9 +402,13 @@ def compute(
     )
 
 
-def late_data(segments: list[_Segment], names: _NamesAndSiteTerms) -> list[_Segment]:
+def late_data(
+    segments: list[_Segment], names: _NamesAndSiteTerms, *, by_class: bool
+) -> list[_Segment]:
     """A closed month's late data from its live segments and its frozen ones negated: summed
-    per GPU (or price class), attribution, terms, bucket and corrected day, one segment each,
+    per GPU and node (``by_class``: per price class, whichever GPUs its segments stand
+    for: a GPU split at its depreciation's end is one of its own live, one of a class
+    frozen), attribution, terms, bucket and corrected day, one segment each,
     left out where the two are equal but for float rounding (every sum and the offline hours
     within a relative ``_RELATIVE`` of the larger part: the same data summed in another
     order, from the monthly rows rather than the days). Every figure is linear in the sums
@@ -414,12 +418,11 @@ def late_data(segments: list[_Segment], names: _NamesAndSiteTerms) -> list[_Segm
     groups: dict[tuple[Any, ...], list[_Segment]] = {}
     for segment in segments:
         gpu = segment.gpu
-        per_gpu = segment.gpu_ids is None
-        key: tuple[Any, ...] = (gpu.id if per_gpu else None, per_gpu, gpu.kind)
-        key += (gpu.rates[segment.phase], segment.site_terms or names.site(segment.site_id))
-        key += (gpu.max_power_w, gpu.idle_power_w, gpu.model_key, segment.node_id)
-        key += (segment.pool_id, segment.team_id, segment.site_id, segment.adjusts)
-        key += (segment.bucket.key,)
+        key: tuple[Any, ...] = (None, None) if by_class else (gpu.id, segment.node_id)
+        key += (gpu.kind, gpu.rates[segment.phase])
+        key += (segment.site_terms or names.site(segment.site_id), gpu.max_power_w)
+        key += (gpu.idle_power_w, gpu.model_key, segment.pool_id, segment.team_id)
+        key += (segment.site_id, segment.adjusts, segment.bucket.key)
         groups.setdefault(key, []).append(segment)
     out: list[_Segment] = []
     for members in groups.values():
