@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from billing.models import ClosedSegment, MonthClose
 from billing.selectors.calendar import month_after
-from billing.selectors.closing import compute, segment_columns
+from billing.selectors.closing import _AT, _TERMS, compute, segment_columns
 from billing.selectors.types import Filters, _Computation
 from fleet.models import FleetSettings
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
@@ -77,19 +77,8 @@ def closing_rows(month: dt.date, computation: _Computation) -> list[dict[str, An
     return rows + list(months.values())
 
 
-_MONTH_ROW_BY = (
-    "gpu_id",
-    "node_id_at",
-    "pool_id_at",
-    "team_id_at",
-    "site_id_at",
-    "rate",
-    "kind",
-    "site_name",
-    "pue",
-    "price_per_kwh",
-    "grid_g_per_kwh",
-)
+# A month row per GPU, attribution and terms: what a closed month is read by.
+_MONTH_ROW_BY = ("gpu_id", *_AT, *_TERMS)
 
 
 @dataclass(frozen=True)
