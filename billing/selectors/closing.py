@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
@@ -30,6 +31,7 @@ from billing.models import ClosedSegment, MonthClose
 from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight, month_after
 from billing.selectors.literals import array_literal
 from billing.selectors.loading import _load, _Loaded
+from billing.selectors.pooled import _phase_outside
 from billing.selectors.sums import _compute, _segment_kept
 from billing.selectors.types import (
     Filters,
@@ -355,8 +357,21 @@ def compute(
         bucket = bucket_for(booked_on)
         month_end = month_after(month)
         month_loaded = _load(start=month, end=month_end, filters=filters, now=now)
+        whole_gpus = set() if adjust_days else _whole_month_gpus(month, month_loaded, filters)
+        month_filters = filters
+        unmoved = _unmoved_gpus(month, month_loaded, whole_gpus)
+        if unmoved:  # nothing came late for them: only the others are computed
+            whole_gpus -= unmoved
+            moved = {i: g for i, g in month_loaded.gpus.items() if i not in unmoved}
+            month_loaded = dataclasses.replace(month_loaded, gpus=moved)
+            if not moved:
+                continue
+            if len(moved) <= _FEW_MOVED:  # their rows only, not the fleet's
+                month_filters = dataclasses.replace(
+                    filters, gpus=tuple(sorted(g.uuid for g in moved.values()))
+                )
         live = _live_month(
-            month, month_loaded, filters=filters, by_class=by_class, per_day=adjust_days
+            month, month_loaded, filters=month_filters, by_class=by_class, whole_gpus=whole_gpus
         )
         for segment in live:
             segment.adjusts = segment.bucket.key if adjust_days else month
@@ -370,7 +385,7 @@ def compute(
         frozen = frozen_segments(
             where=own | carried,
             loaded=month_loaded,
-            filters=filters,
+            filters=month_filters,
             bucket=bucket,
             sign=-1,
             adjusts=None if adjust_days else month,
@@ -455,6 +470,9 @@ def late_data(
 
 _RELATIVE = 1e-9
 _RELATIVE_D = Decimal("1e-9")
+# Up to this many GPUs whose late data is computed (the others unmoved), their rows are read
+# by GPU in SQL rather than the fleet's skipped in Python.
+_FEW_MOVED = 500
 
 
 def _closed_run(start: dt.date, end: dt.date, *, months: bool) -> Q:
@@ -479,40 +497,162 @@ _OVER_SQL = """
 """
 
 
+def _whole_month_gpus(month: dt.date, loaded: _Loaded, filters: Filters) -> set[int]:
+    """The GPUs of ``loaded`` whose days add up to closed ``month`` (on PostgreSQL, where
+    the report zone is the daily table's): in service the whole month, no depreciation
+    boundary in it, no day that observed more than it has hours (checked in SQL). Their
+    month is computed whole, from the monthly rows; the others' day by day."""
+    if not loaded.daily_zone or connection.vendor != "postgresql":
+        return set()
+    end = month_after(month)
+    first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
+    last = _local_midnight(end, loaded.zone).astimezone(dt.UTC)
+    sql = _OVER_SQL.strip()
+    params: list[Any] = [month, end]
+    if filters.gpus or filters.models:  # a few GPUs: their rows only
+        sql += " AND gpu_id = ANY(%s::bigint[])"
+        params.append(array_literal(list(loaded.gpus)))
+    with read_cursor() as cursor:
+        cursor.execute(sql, params)
+        over = {gpu_id for (gpu_id,) in cursor.fetchall()}
+    return {
+        gpu_id
+        for gpu_id, info in loaded.gpus.items()
+        if gpu_id not in over
+        and info.service_start is not None
+        and info.service_start <= first
+        and (info.retired_at is None or info.retired_at >= last)
+        and (info.boundary_hour is None or not first <= info.boundary_hour < last)
+    }
+
+
+# Per GPU and attribution, a closed month's sums now (its monthly rows) beside what is
+# frozen of it (its month rows and the adjustments later closes carried for it): whether any
+# sum differs by more than late_data's rounding allowance, and what the offline hours and
+# terms need to be checked against in Python (``_unmoved_gpus``). Keys compared through
+# coalesce: a full join needs plain equality, and a node or site may be none. Constant column
+# names and the allowance spliced in, no value.
+_MOVED_TEMPLATE = """
+WITH live AS (
+    SELECT gpu_id, node_id, pool_id, team_id, site_id, {live_sums}
+    FROM telemetry_monthlyusage
+    WHERE month = %(month)s AND gpu_id = ANY(%(ids)s::bigint[])
+    GROUP BY gpu_id, node_id, pool_id, team_id, site_id
+), frozen AS (
+    SELECT s.gpu_id, s.node_id_at AS node_id, s.pool_id_at AS pool_id,
+           s.team_id_at AS team_id, s.site_id_at AS site_id, {frozen_sums},
+           sum(s.offline_h) AS offline_h, max(abs(s.offline_h)) AS offline_max,
+           count(DISTINCT (s.rate, s.kind, s.site_name, s.pue, s.price_per_kwh,
+                           s.grid_g_per_kwh)) AS terms,
+           min(s.rate) AS rate, min(s.kind) AS kind, min(s.site_name) AS site_name,
+           min(s.pue) AS pue, min(s.price_per_kwh) AS price_per_kwh,
+           min(s.grid_g_per_kwh) AS grid_g_per_kwh
+    FROM billing_closedsegment s JOIN billing_monthclose c ON c.id = s.close_id
+    WHERE c.closed AND s.gpu_id = ANY(%(ids)s::bigint[])
+      AND ((s.whole_month AND s.day = %(month)s)
+           OR (NOT s.whole_month AND s.adjusts >= %(month)s AND s.adjusts < %(end)s))
+    GROUP BY s.gpu_id, s.node_id_at, s.pool_id_at, s.team_id_at, s.site_id_at
+)
+SELECT coalesce(l.gpu_id, f.gpu_id), coalesce(l.node_id, f.node_id),
+       coalesce(l.pool_id, f.pool_id), coalesce(l.team_id, f.team_id),
+       coalesce(l.site_id, f.site_id), NOT ({equal}) AS moved,
+       coalesce(l.observed_s, 0), f.offline_h, f.offline_max, coalesce(f.terms, 0), f.rate,
+       f.kind, f.site_name, f.pue, f.price_per_kwh, f.grid_g_per_kwh
+FROM live l FULL JOIN frozen f
+  ON l.gpu_id = f.gpu_id AND coalesce(l.node_id, 0) = coalesce(f.node_id, 0)
+ AND coalesce(l.pool_id, 0) = coalesce(f.pool_id, 0)
+ AND coalesce(l.team_id, 0) = coalesce(f.team_id, 0)
+ AND coalesce(l.site_id, 0) = coalesce(f.site_id, 0)
+"""
+_MOVED_SQL = _MOVED_TEMPLATE.format(
+    live_sums=", ".join(f"sum({f})::float8 AS {f}" for f in _SUM_FIELDS),
+    frozen_sums=", ".join(
+        f"sum(s.{f})::float8 AS {f}, max(abs(s.{f}))::float8 AS {f}_max" for f in _SUM_FIELDS
+    ),
+    equal=" AND ".join(
+        f"abs(coalesce(l.{f}, 0) - coalesce(f.{f}, 0)) <= greatest(abs(coalesce(l.{f}, 0)),"
+        f" coalesce(f.{f}_max, 0)) * {_RELATIVE!r} + {_RELATIVE!r}"
+        for f in _SUM_FIELDS
+    ),
+)
+
+
+def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[int]:
+    """The GPUs of ``whole_gpus`` whose late data for closed ``month`` is nil: ``late_data``
+    would net their live and frozen segments to nothing (every sum and the offline hours
+    equal within its rounding allowance, per attribution; the same terms), so they need not
+    be computed. One statement compares the monthly rows with the month rows in SQL; the
+    offline hours (capacity less observed, at the GPU's current attribution) and the terms
+    (its rate and kind now, its site's terms now) are compared here. A GPU with frozen rows
+    at more than one set of terms, or an attribution on one side only, counts as moved: the
+    exact path nets it."""
+    if not whole_gpus:
+        return set()
+    end = month_after(month)
+    first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
+    last = _local_midnight(end, loaded.zone).astimezone(dt.UTC)
+    capacity_h = cm.hours_between(start=first, end=last)  # every whole GPU's, all month
+    params: dict[str, Any] = {"month": month, "end": end, "ids": array_literal(sorted(whole_gpus))}
+    with read_cursor(binary=True, large=True) as cursor:
+        cursor.execute(_MOVED_SQL, params)
+        rows = cursor.fetchall()
+    moved: set[int] = set()
+    observed_h: dict[int, Decimal] = defaultdict(Decimal)
+    frozen_offline: dict[int, list[tuple[tuple[Any, ...], Decimal, Decimal]]] = defaultdict(list)
+    names = loaded.names
+    for gpu_id, node, pool, team, site, differs, observed_s, offline_h, offline_max, *terms in rows:
+        info = loaded.gpus[gpu_id]
+        # As the live month sums a GPU's observed hours: per segment (attribution) in Decimal.
+        observed_h[gpu_id] += cm.hours_from_seconds(seconds=observed_s)
+        if differs:
+            moved.add(gpu_id)
+            continue
+        count, rate, kind, site_name, pue, price, grid = terms
+        if count:
+            now_site = names.site(site)
+            if count != 1 or (
+                Decimal(rate) != info.rates[_phase_outside(info, first)]
+                or (kind or None) != info.kind
+                or _SiteTerms(site_name, Decimal(pue), Decimal(price), Decimal(grid)) != now_site
+            ):
+                moved.add(gpu_id)
+                continue
+            frozen_offline[gpu_id].append(((node, pool, team, site), offline_h, offline_max))
+    unmoved: set[int] = set()
+    for gpu_id in whole_gpus - moved:
+        info = loaded.gpus[gpu_id]
+        live = cm.offline_hours(capacity_hours=capacity_h, observed_hours=observed_h[gpu_id])
+        at_now = (info.node_id, info.pool_id, info.team_id, info.site_id)
+        seen_now = False
+        for at, offline_h, offline_max in frozen_offline.get(gpu_id, []):
+            own = live if at == at_now else Decimal(0)
+            seen_now = seen_now or at == at_now
+            if abs(own - offline_h) > max(abs(own), offline_max) * _RELATIVE_D + _RELATIVE_D:
+                break
+        else:
+            if seen_now or live <= _RELATIVE_D:
+                unmoved.add(gpu_id)
+    return unmoved
+
+
 def _live_month(
-    month: dt.date, loaded: _Loaded, *, filters: Filters, by_class: bool, per_day: bool
+    month: dt.date,
+    loaded: _Loaded,
+    *,
+    filters: Filters,
+    by_class: bool,
+    whole_gpus: set[int],
 ) -> list[_Segment]:
     """The closed ``month`` computed from the rollups now (filtered as ``loaded`` is), in
     segments whose sums less the frozen ones are its late data.
 
-    The frozen segments are per day, so the live ones must add up as days do: ``per_day``
-    computes each day. Otherwise (the costs rows) the month is computed whole, from the
-    monthly rows, for every GPU whose days add up to it: in service the whole month, no
-    depreciation boundary in it, no day that observed more than it has hours (checked in
-    SQL, on PostgreSQL); the others, day by day."""
+    The frozen segments are per day, so the live ones must add up as days do: the GPUs of
+    ``whole_gpus`` (``_whole_month_gpus``) are computed over the whole month, from the
+    monthly rows; the others day by day (all of them for a FOCUS file's or a close's
+    corrections, which are per day)."""
     end = month_after(month)
-    per_gpu_day: dict[int, _GpuInfo] = dict(loaded.gpus)
-    whole: dict[int, _GpuInfo] = {}
-    if not per_day and loaded.daily_zone and connection.vendor == "postgresql":
-        first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
-        last = _local_midnight(end, loaded.zone).astimezone(dt.UTC)
-        sql = _OVER_SQL.strip()
-        params: list[Any] = [month, end]
-        if filters.gpus or filters.models:  # a few GPUs: their rows only
-            sql += " AND gpu_id = ANY(%s::bigint[])"
-            params.append(array_literal(list(loaded.gpus)))
-        with read_cursor() as cursor:
-            cursor.execute(sql, params)
-            over = {gpu_id for (gpu_id,) in cursor.fetchall()}
-        for gpu_id, info in loaded.gpus.items():
-            if (
-                gpu_id not in over
-                and info.service_start is not None
-                and info.service_start <= first
-                and (info.retired_at is None or info.retired_at >= last)
-                and (info.boundary_hour is None or not first <= info.boundary_hour < last)
-            ):
-                whole[gpu_id] = per_gpu_day.pop(gpu_id)
+    per_gpu_day = {i: g for i, g in loaded.gpus.items() if i not in whole_gpus}
+    whole = {i: g for i, g in loaded.gpus.items() if i in whole_gpus}
     segments: list[_Segment] = []
     for gpus, period in ((whole, "all"), (per_gpu_day, "day")):
         if gpus:

@@ -1,0 +1,150 @@
+"""Late data for a closed month, found only where something moved (issue 19).
+
+A page that books a closed month's late data (docs/finance.md, "Late data") used to compute
+the whole month again per GPU and net it against the frozen rows, to find that for almost
+every GPU nothing came late. ``closing._unmoved_gpus`` now tells those GPUs from the rest in
+one statement (the monthly rows against the month rows, per GPU and attribution), with the
+offline hours and terms checked beside it, and only the others are computed.
+
+The fleet is test_perf_paths.py's awkward one, March closed on 3 April. Of its six GPUs
+three are in service all March with no depreciation ending in it ("steady", "mover",
+"bare"; the day of overlapping samples made whole first): only those can be found unmoved.
+Each case changes one thing after the close and names, worked out from what it touched, the
+GPUs whose late data is then nil; the adjustments booked must be those of the exact path
+(every GPU computed and netted), to the cent per group.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import time_machine
+
+from billing import selectors
+from billing.selectors import closing
+from tests.billing.conftest import at
+from tests.billing.test_perf_paths import (  # noqa: F401 (fixtures)
+    _daily_state_present,
+    awkward,
+    needs_postgres,
+)
+
+MARCH_1 = dt.date(2026, 3, 1)
+NOW = at("2026-04-03T00")
+
+
+def _late_rows(gpus: dict[str, Any]) -> None:
+    """A late hour for "steady": more in the air and more energy on 5 March, 10:00."""
+    from telemetry.models import HourlyUsage
+
+    late = HourlyUsage.objects.filter(hour=at("2026-03-05T10"), gpu=gpus["steady"])
+    assert late.update(energy_j=2_000_000.0, air_s=3600.0) == 1
+
+
+def _iad_tariff(gpus: dict[str, Any]) -> None:
+    """iad1's tariff raised: "mover" was in serve (iad1) until 5 March, 11:00, and
+    "retired" in it all along (not in service all month: computed day by day anyway)."""
+    from fleet.models import Site
+
+    assert Site.objects.filter(name="iad1").update(price_per_kwh=Decimal("0.15")) == 1
+
+
+def _train_rate(gpus: dict[str, Any]) -> None:
+    """pool:train's purchase price raised: the rate of "steady" and "mover" (both in train
+    now); "old" has a profile of its own, "bare" none."""
+    from billing.models import CostProfile
+
+    profile = CostProfile.objects.get(scope_kind="pool", scope_name="train")
+    profile.purchase_price = Decimal("36000.00")
+    profile.save()
+
+
+def _mover_moved(gpus: dict[str, Any]) -> None:
+    """ "mover" moved to a new node n4 of its pool (train): the same rate and terms, but its
+    offline hours go to n4 now, not to n1 where the close put them."""
+    from fleet.models import Node, Pool
+
+    mover = gpus["mover"]
+    mover.node = Node.objects.create(hostname="n4", pool=Pool.objects.get(name="train"))
+    mover.save()
+
+
+def _nothing(gpus: dict[str, Any]) -> None:
+    """Nothing after the close."""
+
+
+CASES: list[tuple[Callable[[dict[str, Any]], None], set[str]]] = [
+    (_nothing, {"steady", "mover", "bare"}),
+    (_late_rows, {"mover", "bare"}),
+    (_iad_tariff, {"steady", "bare"}),
+    (_train_rate, {"bare"}),
+    (_mover_moved, {"steady", "bare"}),
+]
+
+
+@needs_postgres
+@pytest.mark.parametrize(("change", "unmoved"), CASES, ids=[c.__name__ for c, _ in CASES])
+def test_only_the_gpus_that_moved_are_computed_and_their_late_data_is_exact(
+    awkward: dict[str, Any],  # noqa: F811 (the fixture)
+    change: Callable[[dict[str, Any]], None],
+    unmoved: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from billing.month_close import month_close
+    from telemetry.models import HourlyUsage
+
+    overlap = HourlyUsage.objects.filter(gpu=awkward["steady"], observed_s__gt=3600)
+    assert overlap.update(observed_s=3600.0) > 0
+    names = {gpu.pk: name for name, gpu in awkward.items()}
+    found: list[set[str]] = []
+    checked = closing._unmoved_gpus
+
+    def recorded(month: dt.date, loaded: Any, whole_gpus: set[int]) -> set[int]:
+        result = checked(month, loaded, whole_gpus)
+        found.append({names[i] for i in result})
+        return result
+
+    query: dict[str, Any] = {"start": MARCH_1, "end": dt.date(2026, 5, 1), "now": NOW}
+    with time_machine.travel(NOW, tick=False):
+        month_close(month=MARCH_1, by="test")
+        change(awkward)
+        monkeypatch.setattr(closing, "_unmoved_gpus", recorded)
+        booked = {
+            group_by: selectors.cost_rows(**query, group_by=group_by, period="month")
+            for group_by in ("gpu", "fleet", "pool")
+        }
+        monkeypatch.setattr(closing, "_unmoved_gpus", lambda *args: set())
+        exact = {
+            group_by: selectors.cost_rows(**query, group_by=group_by, period="month")
+            for group_by in booked
+        }
+    assert found and all(f == unmoved for f in found), found
+    for group_by, rows in booked.items():
+        got = {r.key: r for r in rows if r.adjustment_for}
+        want = {r.key: r for r in exact[group_by] if r.adjustment_for}
+        assert set(got) == set(want), group_by
+        if change is _nothing:
+            assert not want
+        for key, row in want.items():
+            for name in ("fixed_cost", "energy_cost", "idle_cost", "total_cost"):
+                assert abs(getattr(got[key], name) - getattr(row, name)) <= Decimal("0.01")
+            assert got[key].offline_hours == pytest.approx(row.offline_hours, abs=1e-9)
+            assert got[key].air_hours == pytest.approx(row.air_hours, abs=1e-9)
+    if change is _late_rows:  # the late hour itself: 1 h more in the air on "steady"
+        (steady,) = [r for r in booked["gpu"] if r.adjustment_for and r.key == "GPU-steady"]
+        assert steady.air_hours == pytest.approx(3600.0 / 3600 - _air_before(awkward), abs=1e-9)
+
+
+def _air_before(gpus: dict[str, Any]) -> float:
+    """The air hours of "steady"'s late hour as the fixture wrote it: GPU 0 (its first),
+    hour 4 × 24 + 10 = 106 of the window, observed whole (106 is not a multiple of 5),
+    in the air ``_wave(0, 106)`` of it."""
+    from tests.billing.test_perf_paths import _wave
+
+    hour = (at("2026-03-05T10") - at("2026-03-01T00")) // dt.timedelta(hours=1)
+    observed = 3600.0 if hour % 5 else 1800.0
+    return observed * _wave(0, hour) / 3600
