@@ -148,6 +148,9 @@ class MonthClose(models.Model):
     closed_by = models.CharField(max_length=150)
     zone = models.CharField(max_length=64, help_text="The report time zone at the close")
     segments_count = models.PositiveIntegerField(default=0)
+    # Whether the close stored its day rows by price class too (``ClosedClassDay``; on
+    # PostgreSQL, where pages read by class): readers sum its day rows themselves otherwise.
+    by_class = models.BooleanField(default=False)
     reopened_at = models.DateTimeField(null=True, blank=True)
     reopened_by = models.CharField(max_length=150, blank=True)
     reopen_reason = models.TextField(blank=True)
@@ -160,24 +163,20 @@ class MonthClose(models.Model):
         return f"{self.month:%Y-%m} ({state})"
 
 
-class ClosedSegment(UsageSums):
-    """One GPU's figures for one local day, attribution and rate of a closed month, as the
-    close computed them: the rollups' sums (the ``USAGE_SUMS`` columns), the offline hours,
-    and the terms they were priced at (fixed rate, kind, the site's PUE, tariff and grid
-    intensity), so the cost model gives the same money from them whatever changes afterwards.
+class ClosedFigures(UsageSums):
+    """What a closed month keeps of a group of its figures: the rollups' sums (the
+    ``USAGE_SUMS`` columns), the offline hours, the terms they were priced at (fixed rate,
+    kind, the site's PUE, tariff and grid intensity), so the cost model gives the same money
+    from them whatever changes afterwards, and the stored attribution.
 
-    Columns, not a document, so a page sums a closed month in SQL (per GPU or price class,
-    attribution and terms), from its ``whole_month`` rows where it reads whole months
-    (issue 19). The terms are decimal strings, exact on every database and grouped by as
-    they are; the offline hours a decimal to 30 places (summed).
+    Columns, not a document, so a page sums a closed month in SQL (issue 19). The terms are
+    decimal strings, exact on every database and grouped by as they are; the offline hours a
+    decimal to 30 places (summed).
     """
 
-    close = models.ForeignKey(MonthClose, on_delete=models.CASCADE, related_name="segments")
     day = models.DateField()
-    gpu = models.ForeignKey("fleet.Gpu", on_delete=models.CASCADE, related_name="+")
-    # Attribution as stored with the rollups (ids, not keys: a node, pool, team or site
-    # deleted later must not delete a closed month's figures).
-    node_id_at = models.BigIntegerField(null=True)
+    # Attribution as stored with the rollups (ids, not keys: a pool, team or site deleted
+    # later must not delete a closed month's figures).
     pool_id_at = models.BigIntegerField(null=True)
     team_id_at = models.BigIntegerField(null=True)
     site_id_at = models.BigIntegerField(null=True)
@@ -193,6 +192,21 @@ class ClosedSegment(UsageSums):
     # Set on the adjustment a closed month carried for late data of an earlier closed
     # month: the day it corrects (so that adjustment is not booked a second time).
     adjusts = models.DateField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class ClosedSegment(ClosedFigures):
+    """One GPU's figures for one local day, attribution and rate of a closed month, as the
+    close computed them (``ClosedFigures``), with the node it was on; and the same summed
+    per GPU, attribution and terms over the month (``whole_month``), from which a page
+    reading whole closed months sums them per GPU or price class.
+    """
+
+    close = models.ForeignKey(MonthClose, on_delete=models.CASCADE, related_name="segments")
+    gpu = models.ForeignKey("fleet.Gpu", on_delete=models.CASCADE, related_name="+")
+    node_id_at = models.BigIntegerField(null=True)
     # The month's own rows summed per GPU, attribution and terms over its days (``day`` its
     # first day): what a read of whole closed months, or of a month's late data, sums
     # instead of a row per GPU and day (never set on an adjustment).
@@ -206,6 +220,33 @@ class ClosedSegment(UsageSums):
 
     def __str__(self) -> str:
         return f"{self.gpu_id} {self.day}"
+
+
+class ClosedClassDay(ClosedFigures):
+    """A closed month's day rows (``ClosedSegment``, not its month rows) summed per day,
+    price class, attribution (no node), terms and corrected day, as the close stored them:
+    what a page reading closed days by price class (the overview's trend, a team's days)
+    sums, a few rows a day instead of one per GPU (issue 19). The class is what prices a
+    frozen row beside its stored terms, as the GPUs had it at the close: their model and its
+    nominal power. ``gpu_ids``: the GPUs summed in it; ``counted_ids``: those with capacity
+    in it (observed or offline hours), which the rows' GPU counts count. A reader uses a row
+    only where every GPU of it is in its computation and of the same class now, else it sums
+    the close's day rows itself.
+    """
+
+    close = models.ForeignKey(MonthClose, on_delete=models.CASCADE, related_name="class_days")
+    max_power_w = models.FloatField(null=True)
+    idle_power_w = models.FloatField(null=True)
+    model_key = models.CharField(max_length=64, blank=True)
+    model_name = models.CharField(max_length=255)
+    gpu_ids = models.JSONField(default=list)
+    counted_ids = models.JSONField(default=list)
+
+    class Meta:
+        indexes = [models.Index(fields=["close", "day"], name="billing_closedclassday_day")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.model_key} {self.pool_id_at}"
 
 
 class FocusExport(models.Model):

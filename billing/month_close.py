@@ -1,8 +1,9 @@
 """Month close (docs/finance.md): freeze a month's figures, reopen it with a reason.
 
 A close stores the month's segments (per GPU, local day, attribution and rate: the rollups'
-sums and offline hours, and the terms they were priced at) as ``ClosedSegment`` rows; from
-then on every figure of the month is read from them (``billing.selectors.closing``). Closing
+sums and offline hours, and the terms they were priced at) as ``ClosedSegment`` rows, and
+its days summed by price class as ``ClosedClassDay`` rows; from then on every figure of the
+month is read from them (``billing.selectors.closing``). Closing
 twice changes nothing; an incomplete month (not yet ended in the report time zone) is
 refused. The row lock on the ``MonthClose`` makes two closes at once one close.
 """
@@ -18,9 +19,9 @@ from zoneinfo import ZoneInfo
 from django.db import transaction
 from django.utils import timezone
 
-from billing.models import ClosedSegment, MonthClose
+from billing.models import ClosedClassDay, ClosedSegment, MonthClose
 from billing.selectors.calendar import month_after
-from billing.selectors.closing import _AT, _TERMS, compute, segment_columns
+from billing.selectors.closing import _AT, _TERMS, class_days_store, compute, segment_columns
 from billing.selectors.types import Filters, _Computation
 from fleet.models import FleetSettings
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
@@ -113,6 +114,7 @@ def month_close(*, month: dt.date, by: str, now: dt.datetime | None = None) -> C
         ClosedSegment.objects.filter(close=close).delete()
         rows = [ClosedSegment(close=close, **fields) for fields in closing_rows(month, computation)]
         ClosedSegment.objects.bulk_create(rows, batch_size=2000)
+        close.by_class = class_days_store(close)
         close.closed, close.closed_at, close.closed_by, close.zone = True, now, by, zone.key
         close.segments_count = len(rows)
         close.save()
@@ -142,7 +144,8 @@ def month_reopen(
                 f"month: {later.month:%Y-%m} is closed after it; reopen {later.month:%Y-%m} first"
             )
         ClosedSegment.objects.filter(close=close).delete()
-        close.closed, close.segments_count = False, 0
+        ClosedClassDay.objects.filter(close=close).delete()
+        close.closed, close.segments_count, close.by_class = False, 0, False
         close.reopened_at, close.reopened_by, close.reopen_reason = now, by, reason.strip()
         close.save()
     return CloseResult(close, True, f"reopened {month:%Y-%m}")

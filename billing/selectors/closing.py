@@ -22,15 +22,15 @@ from typing import Any
 
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection
-from django.db.models import FloatField, Q, QuerySet, Sum
+from django.db.models import F, FloatField, Q, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
 from billing import cost_model as cm
-from billing.models import ClosedSegment, MonthClose
+from billing.models import ClosedClassDay, ClosedSegment, MonthClose
 from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight, month_after
 from billing.selectors.literals import array_literal
-from billing.selectors.loading import _load, _Loaded
+from billing.selectors.loading import _load, _Loaded, _loaded_within
 from billing.selectors.pooled import _phase_outside
 from billing.selectors.sums import _compute, _segment_kept
 from billing.selectors.types import (
@@ -101,6 +101,7 @@ def frozen_segments(
     sign: int = 1,
     adjusts: dt.date | None = None,
     by_class: bool = False,
+    days: tuple[dt.date, dt.date] | None = None,
 ) -> list[_Segment]:
     """The stored segments of closed months that ``where`` selects, summed in SQL per GPU,
     attribution and terms (``by_class``, on PostgreSQL: per price class of the GPUs, as
@@ -111,7 +112,11 @@ def frozen_segments(
     ``sign`` 1: as stored (an adjustment a closed month carried stays one, for its day);
     -1: negated, as the frozen part of a new adjustment: for ``adjusts`` (the closed month,
     as the costs rows book it), or without it for each row's own day (per day: a FOCUS
-    file's and a close's corrections)."""
+    file's and a close's corrections).
+
+    ``days`` (start, end): ``where`` selects the day rows of those closed days and nothing
+    else; by class, their stored class rows are read instead where they can stand for them
+    (``_class_day_rows``)."""
     per_day = not isinstance(bucket, _Bucket) or (sign < 0 and adjusts is None)
     by_class = by_class and connection.vendor == "postgresql" and bool(loaded.gpus)
     keys = [*(_AT[1:] if by_class else _AT), *_TERMS]
@@ -141,11 +146,16 @@ def frozen_segments(
         )
     else:
         summed = rows.values("gpu_id", *keys).annotate(**sums).order_by()
+    read: list[dict[str, Any]] | None = None
+    if classes is not None and days is not None and per_day and sign > 0:
+        read = _class_day_rows(*days, classes)
+    if read is None:
+        read = _frozen_rows(summed, by_class=classes is not None)
     stand_ins: dict[tuple[Any, ...], _GpuInfo] = {}
     sites: dict[tuple[Any, ...], _SiteTerms] = {}
     names = loaded.names
     out: list[_Segment] = []
-    for row in _frozen_rows(summed, by_class=classes is not None):
+    for row in read:
         if classes is not None:
             if row["klass"] < 0:  # GPUs not in the computation (not filtered in SQL: the
                 continue  # planner would take the filter to keep a third of the rows)
@@ -204,17 +214,21 @@ def frozen_segments(
 class _FrozenClasses:
     """The GPUs of a computation by what prices a frozen segment beside its stored terms
     (nominal power, model): ``reps[i]`` stands for class ``i``; ``at`` each GPU's class
-    (an array literal, index = id - ``base``; -1: no GPU of the computation) up to ``top``."""
+    (an array literal, index = id - ``base``; -1: no GPU of the computation) up to ``top``;
+    ``index``: each class's key → ``i``; ``members[i]``: its GPUs."""
 
     reps: list[_GpuInfo]
     at: str
     base: int
     top: int
+    index: dict[tuple[Any, ...], int]
+    members: list[set[int]]
 
 
 def _frozen_classes(loaded: _Loaded) -> _FrozenClasses:
     of: dict[tuple[Any, ...], int] = {}
     reps: list[_GpuInfo] = []
+    members: list[set[int]] = []
     base, top = min(loaded.gpus) - 1, max(loaded.gpus)
     at = [-1] * (top - base)
     for gpu in loaded.gpus.values():
@@ -223,8 +237,12 @@ def _frozen_classes(loaded: _Loaded) -> _FrozenClasses:
         if index is None:
             index = of[key] = len(reps)
             reps.append(gpu)
+            members.append(set())
         at[gpu.id - base - 1] = index
-    return _FrozenClasses(reps=reps, at=array_literal(at), base=base, top=top)
+        members[index].add(gpu.id)
+    return _FrozenClasses(
+        reps=reps, at=array_literal(at), base=base, top=top, index=of, members=members
+    )
 
 
 def _frozen_rows(summed: QuerySet[Any], *, by_class: bool = False) -> list[dict[str, Any]]:
@@ -245,6 +263,77 @@ def _frozen_rows(summed: QuerySet[Any], *, by_class: bool = False) -> list[dict[
         cursor.execute(sql, params)
         heads = [column.name for column in cursor.description]
         return [dict(zip(heads, values, strict=True)) for values in cursor.fetchall()]
+
+
+# A close's day rows summed per day, price class, attribution and terms (``ClosedClassDay``):
+# the class is the GPU's model and nominal power then (``_frozen_classes``' key, spelled as
+# ``loading._gpu_info`` spells a GPU without a model). Constant column names spliced in.
+_CLASS_DAYS_TEMPLATE = """
+INSERT INTO billing_closedclassday (close_id, {keys}, max_power_w, idle_power_w, model_key,
+                                    model_name, {sums}, offline_h, gpu_ids, counted_ids)
+SELECT s.close_id, {s_keys}, m.max_power_w, m.idle_power_w, coalesce(m.key, ''),
+       coalesce(m.name, %(unassigned)s), {s_sums}, sum(s.offline_h),
+       to_jsonb(array_agg(s.gpu_id ORDER BY s.gpu_id)),
+       coalesce(to_jsonb(array_agg(s.gpu_id ORDER BY s.gpu_id)
+                         FILTER (WHERE s.observed_s > 0 OR s.offline_h > 0)), '[]'::jsonb)
+FROM billing_closedsegment s JOIN fleet_gpu g ON g.id = s.gpu_id
+LEFT JOIN fleet_gpumodel m ON m.id = g.model_id
+WHERE s.close_id = %(close)s AND NOT s.whole_month
+GROUP BY s.close_id, {s_keys}, m.max_power_w, m.idle_power_w, m.key, m.name
+"""
+_CLASS_DAY_KEYS = ("day", "adjusts", *_AT[1:], *_TERMS)
+_CLASS_DAYS_SQL = _CLASS_DAYS_TEMPLATE.format(
+    keys=", ".join(_CLASS_DAY_KEYS),
+    sums=", ".join(_SUM_FIELDS),
+    s_keys=", ".join(f"s.{k}" for k in _CLASS_DAY_KEYS),
+    s_sums=", ".join(f"sum(s.{f})" for f in _SUM_FIELDS),
+)
+
+
+def class_days_store(close: MonthClose) -> bool:
+    """Store ``close``'s day rows by price class (``ClosedClassDay``), from its
+    ``ClosedSegment`` rows, in the caller's transaction; on PostgreSQL, where pages read
+    closed days by class (elsewhere nothing is stored and False returned)."""
+    if connection.vendor != "postgresql":
+        return False
+    from billing.selectors.types import UNASSIGNED_NAME
+
+    ClosedClassDay.objects.filter(close=close).delete()
+    with connection.cursor() as cursor:
+        cursor.execute(_CLASS_DAYS_SQL, {"close": close.pk, "unassigned": UNASSIGNED_NAME})
+    return True
+
+
+def _class_day_rows(
+    start: dt.date, end: dt.date, classes: _FrozenClasses
+) -> list[dict[str, Any]] | None:
+    """The rows the by-class statement of ``frozen_segments`` gives for the closed days
+    [start, end) (each day's own rows and the adjustments carried on it), from the rows the
+    closes stored by class: a few a day, not one per GPU. ``None`` where they cannot stand
+    for it: a close of those days stored none, or a row's GPUs are not all in the
+    computation in the class it was stored in (a GPU's model or its power changed since, a
+    GPU retired before the window); then the caller sums the day rows itself."""
+    closes = MonthClose.objects.filter(
+        closed=True, month__gte=start.replace(day=1), month__lt=end
+    ).values_list("pk", "by_class")
+    if not all(by_class for _, by_class in closes):
+        return None
+    found = ClosedClassDay.objects.filter(
+        close_id__in=[pk for pk, _ in closes], day__gte=start, day__lt=end
+    ).values(*_CLASS_DAY_KEYS, "max_power_w", "idle_power_w", "model_key", "model_name")
+    found = found.annotate(gpus=F("gpu_ids"), ids=F("counted_ids"), s_offline_h=F("offline_h"))
+    rows = []
+    for row in found.annotate(**{f"s_{f}": F(f) for f in _SUM_FIELDS}):
+        key: tuple[Any, ...] = (row.pop("max_power_w"), row.pop("idle_power_w"))
+        key += (row.pop("model_key"), row.pop("model_name"))
+        klass = classes.index.get(key)
+        if klass is None or not classes.members[klass].issuperset(row.pop("gpus")):
+            return None
+        row["klass"] = klass
+        for name in _SUM_FIELDS:  # as the statement casts them (two are integers)
+            row[f"s_{name}"] = float(row[f"s_{name}"])
+        rows.append(row)
+    return rows
 
 
 def segment_columns(segment: _Segment, computation: _Computation) -> dict[str, Any]:
@@ -326,12 +415,14 @@ def compute(
     pooled_gpus: dict[tuple[dt.date, dt.date], set[int]] = {}
     for run_start, run_end, is_closed in runs:
         if is_closed:
+            months = period in ("all", "month")
             segments += frozen_segments(
-                where=_closed_run(run_start, run_end, months=period in ("all", "month")),
+                where=_closed_run(run_start, run_end, months=months),
                 loaded=loaded,
                 filters=filters,
                 bucket=all_buckets[0] if period == "all" else bucket_for,
                 by_class=by_class,
+                days=None if months else (run_start, run_end),
             )
             continue
         part = _compute(
@@ -356,7 +447,11 @@ def compute(
         # terms, booked on the first day of the query in its booking month.
         bucket = bucket_for(booked_on)
         month_end = month_after(month)
-        month_loaded = _load(start=month, end=month_end, filters=filters, now=now)
+        # What the window's load holds of the month where the month lies in the window (its
+        # GPUs less those retired by the month's start); else the month loaded on its own.
+        month_loaded = (
+            _loaded_within(loaded, start=month, end=month_end) if month >= start else None
+        ) or _load(start=month, end=month_end, filters=filters, now=now)
         whole_gpus = set() if adjust_days else _whole_month_gpus(month, month_loaded, filters)
         month_filters = filters
         unmoved = _unmoved_gpus(month, month_loaded, whole_gpus)
