@@ -29,7 +29,7 @@ from django.db.models.functions import Cast
 from billing import cost_model as cm
 from billing.models import ClosedClassDay, ClosedSegment, MonthClose
 from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight, month_after
-from billing.selectors.literals import array_literal
+from billing.selectors.literals import array_literal, by_id
 from billing.selectors.loading import _load, _Loaded, _loaded_within
 from billing.selectors.pooled import _phase_outside
 from billing.selectors.sums import _compute, _segment_kept
@@ -229,8 +229,7 @@ def _frozen_classes(loaded: _Loaded) -> _FrozenClasses:
     of: dict[tuple[Any, ...], int] = {}
     reps: list[_GpuInfo] = []
     members: list[set[int]] = []
-    base, top = min(loaded.gpus) - 1, max(loaded.gpus)
-    at = [-1] * (top - base)
+    class_of: dict[int, int] = {}
     for gpu in loaded.gpus.values():
         key = (gpu.max_power_w, gpu.idle_power_w, gpu.model_key, gpu.model_name)
         index = of.get(key)
@@ -238,8 +237,9 @@ def _frozen_classes(loaded: _Loaded) -> _FrozenClasses:
             index = of[key] = len(reps)
             reps.append(gpu)
             members.append(set())
-        at[gpu.id - base - 1] = index
+        class_of[gpu.id] = index
         members[index].add(gpu.id)
+    at, base, top = by_id(class_of, -1)
     return _FrozenClasses(
         reps=reps, at=array_literal(at), base=base, top=top, index=of, members=members
     )

@@ -4,7 +4,10 @@ the driver's adaptation of 10,000-element lists costs more than the statement.""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def array_literal(values: Sequence[int | None]) -> str:
@@ -15,3 +18,14 @@ def array_literal(values: Sequence[int | None]) -> str:
 def dates_literal(days: Sequence[dt.date]) -> str:
     """Dates as a PostgreSQL array literal."""
     return "{" + ",".join(day.isoformat() for day in days) + "}"
+
+
+def by_id(values: Mapping[int, T], fill: T) -> tuple[list[T], int, int]:
+    """``values`` (GPU id → value) as a dense list for a PostgreSQL array indexed by GPU id,
+    ``fill`` where a GPU has none, with its ``base`` and ``top``: SQL arrays are 1-based, so
+    a statement reads a GPU's value at ``array[id - base]``, for ``base < id <= top``."""
+    base, top = min(values) - 1, max(values)
+    dense = [fill] * (top - base)
+    for gpu_id, value in values.items():
+        dense[gpu_id - base - 1] = value
+    return dense, base, top

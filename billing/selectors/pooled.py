@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 from billing import cost_model as cm
 from billing.selectors.calendar import _local_midnight
-from billing.selectors.literals import array_literal, dates_literal
+from billing.selectors.literals import array_literal, by_id, dates_literal
 from billing.selectors.types import _Bucket, _GpuInfo, _Segment
 from config.replica import read_cursor
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
@@ -171,16 +171,10 @@ def _pooled_segments(
     klass_of = {g.id: k for k, group in members.items() for g in group}
     zone_name = zone.key if isinstance(zone, ZoneInfo) else "UTC"
     ids = list(klass_of)
-    base, top = min(ids) - 1, max(ids)  # SQL arrays are 1-based: index = id - base
     outside = min(first for first, _ in days.values())  # any date: class -1 is not read
-    klass_at, first_at, last_at = (
-        [-1] * (top - base),
-        [outside] * (top - base),
-        [outside] * (top - base),
-    )
-    for gpu_id, klass in klass_of.items():
-        klass_at[gpu_id - base - 1] = klass
-        first_at[gpu_id - base - 1], last_at[gpu_id - base - 1] = days[gpu_id]
+    klass_at, base, top = by_id(klass_of, -1)
+    first_at, _, _ = by_id({g: days[g][0] for g in klass_of}, outside)
+    last_at, _, _ = by_id({g: days[g][1] for g in klass_of}, outside)
     spans = set(days.values())
     params: dict[str, Any] = {
         "classes": array_literal(klass_at),
