@@ -229,7 +229,8 @@ class ClosedClassDay(ClosedFigures):
     sums, a few rows a day instead of one per GPU (issue 19). The class is what prices a
     frozen row beside its stored terms, as the GPUs had it at the close: their model and its
     nominal power. ``gpu_ids``: the GPUs summed in it; ``counted_ids``: those with capacity
-    in it (observed or offline hours), which the rows' GPU counts count. A reader uses a row
+    in it (observed or offline hours), which the rows' GPU counts count, where they are not
+    all of them (None: the same list, as a rule). A reader uses a row
     only where every GPU of it is in its computation and of the same class now, else it sums
     the close's day rows itself.
     """
@@ -240,7 +241,7 @@ class ClosedClassDay(ClosedFigures):
     model_key = models.CharField(max_length=64, blank=True)
     model_name = models.CharField(max_length=255)
     gpu_ids = models.JSONField(default=list)
-    counted_ids = models.JSONField(default=list)
+    counted_ids = models.JSONField(null=True, blank=True, help_text="None: all of gpu_ids")
 
     class Meta:
         indexes = [models.Index(fields=["close", "day"], name="billing_closedclassday_day")]

@@ -58,8 +58,9 @@ def class_days_of_closes(apps, schema_editor):
         f"SELECT s.close_id, {s_keys}, m.max_power_w, m.idle_power_w, coalesce(m.key, ''), "
         f"coalesce(m.name, %s), {', '.join(f'sum(s.{f})' for f in _SUMS)}, sum(s.offline_h), "
         "to_jsonb(array_agg(s.gpu_id ORDER BY s.gpu_id)), "
-        "coalesce(to_jsonb(array_agg(s.gpu_id ORDER BY s.gpu_id) "
-        "FILTER (WHERE s.observed_s > 0 OR s.offline_h > 0)), '[]'::jsonb) "
+        "CASE WHEN count(*) FILTER (WHERE s.observed_s > 0 OR s.offline_h > 0) < count(*) "
+        "THEN coalesce(to_jsonb(array_agg(s.gpu_id ORDER BY s.gpu_id) "
+        "FILTER (WHERE s.observed_s > 0 OR s.offline_h > 0)), '[]'::jsonb) END "
         "FROM billing_closedsegment s JOIN billing_monthclose c ON c.id = s.close_id "
         "JOIN fleet_gpu g ON g.id = s.gpu_id LEFT JOIN fleet_gpumodel m ON m.id = g.model_id "
         "WHERE c.closed AND NOT s.whole_month "
@@ -183,7 +184,10 @@ class Migration(migrations.Migration):
                 ("model_key", models.CharField(blank=True, max_length=64)),
                 ("model_name", models.CharField(max_length=255)),
                 ("gpu_ids", models.JSONField(default=list)),
-                ("counted_ids", models.JSONField(default=list)),
+                (
+                    "counted_ids",
+                    models.JSONField(blank=True, help_text="None: all of gpu_ids", null=True),
+                ),
                 (
                     "close",
                     models.ForeignKey(

@@ -274,8 +274,10 @@ INSERT INTO billing_closedclassday (close_id, {keys}, max_power_w, idle_power_w,
 SELECT s.close_id, {s_keys}, m.max_power_w, m.idle_power_w, coalesce(m.key, ''),
        coalesce(m.name, %(unassigned)s), {s_sums}, sum(s.offline_h),
        to_jsonb(array_agg(s.gpu_id ORDER BY s.gpu_id)),
-       coalesce(to_jsonb(array_agg(s.gpu_id ORDER BY s.gpu_id)
-                         FILTER (WHERE s.observed_s > 0 OR s.offline_h > 0)), '[]'::jsonb)
+       CASE WHEN count(*) FILTER (WHERE s.observed_s > 0 OR s.offline_h > 0) < count(*)
+            THEN coalesce(to_jsonb(array_agg(s.gpu_id ORDER BY s.gpu_id)
+                                   FILTER (WHERE s.observed_s > 0 OR s.offline_h > 0)),
+                          '[]'::jsonb) END
 FROM billing_closedsegment s JOIN fleet_gpu g ON g.id = s.gpu_id
 LEFT JOIN fleet_gpumodel m ON m.id = g.model_id
 WHERE s.close_id = %(close)s AND NOT s.whole_month
@@ -327,9 +329,12 @@ def _class_day_rows(
         key: tuple[Any, ...] = (row.pop("max_power_w"), row.pop("idle_power_w"))
         key += (row.pop("model_key"), row.pop("model_name"))
         klass = classes.index.get(key)
-        if klass is None or not classes.members[klass].issuperset(row.pop("gpus")):
+        gpus = row.pop("gpus")
+        if klass is None or not classes.members[klass].issuperset(gpus):
             return None
         row["klass"] = klass
+        if row["ids"] is None:  # every GPU of it has capacity in it
+            row["ids"] = gpus
         for name in _SUM_FIELDS:  # as the statement casts them (two are integers)
             row[f"s_{name}"] = float(row[f"s_{name}"])
         rows.append(row)
@@ -586,9 +591,11 @@ def _closed_run(start: dt.date, end: dt.date, *, months: bool) -> Q:
 # GPUs with a daily row of the month that observed more than 3600 s per hour it sums
 # (overlapping samples): only there can a day observe more than its length (an hour has one
 # row per GPU), and clamping its offline hours at 0 makes the day's not add up to the month's.
+# Read by the partial index of those rows (telemetry_daily_over: the condition spelled as
+# it is there, so PostgreSQL proves it).
 _OVER_SQL = """
     SELECT DISTINCT gpu_id FROM telemetry_dailyusage
-    WHERE day >= %s AND day < %s AND observed_s > 3600 * hours
+    WHERE day >= %s AND day < %s AND observed_s > hours * 3600
 """
 
 
@@ -631,19 +638,24 @@ _MOVED_TEMPLATE = """
 WITH live AS (
     SELECT gpu_id, node_id, pool_id, team_id, site_id, {live_sums}
     FROM telemetry_monthlyusage
-    WHERE month = %(month)s AND gpu_id = ANY(%(ids)s::bigint[])
+    WHERE month = %(month)s {live_ids}
     GROUP BY gpu_id, node_id, pool_id, team_id, site_id
 ), frozen AS (
     SELECT s.gpu_id, s.node_id_at AS node_id, s.pool_id_at AS pool_id,
            s.team_id_at AS team_id, s.site_id_at AS site_id, {frozen_sums},
-           sum(s.offline_h) AS offline_h, max(abs(s.offline_h)) AS offline_max,
-           count(DISTINCT (s.rate, s.kind, s.site_name, s.pue, s.price_per_kwh,
-                           s.grid_g_per_kwh)) AS terms,
+           sum(s.offline_h)::float8 AS offline_h, max(abs(s.offline_h))::float8 AS offline_max,
+           -- 1: every row at one set of terms (each column one value), 2: more than one
+           CASE WHEN min(s.rate) = max(s.rate) AND min(s.kind) = max(s.kind)
+                 AND min(s.pue) = max(s.pue) AND min(s.price_per_kwh) = max(s.price_per_kwh)
+                 AND min(s.grid_g_per_kwh) = max(s.grid_g_per_kwh)
+                 AND (count(s.site_name) = 0 OR (count(s.site_name) = count(*)
+                      AND min(s.site_name) = max(s.site_name)))
+                THEN 1 ELSE 2 END AS terms,
            min(s.rate) AS rate, min(s.kind) AS kind, min(s.site_name) AS site_name,
            min(s.pue) AS pue, min(s.price_per_kwh) AS price_per_kwh,
            min(s.grid_g_per_kwh) AS grid_g_per_kwh
     FROM billing_closedsegment s JOIN billing_monthclose c ON c.id = s.close_id
-    WHERE c.closed AND s.gpu_id = ANY(%(ids)s::bigint[])
+    WHERE c.closed {frozen_ids}
       AND ((s.whole_month AND s.day = %(month)s)
            OR (NOT s.whole_month AND s.adjusts >= %(month)s AND s.adjusts < %(end)s))
     GROUP BY s.gpu_id, s.node_id_at, s.pool_id_at, s.team_id_at, s.site_id_at
@@ -659,7 +671,7 @@ FROM live l FULL JOIN frozen f
  AND coalesce(l.team_id, 0) = coalesce(f.team_id, 0)
  AND coalesce(l.site_id, 0) = coalesce(f.site_id, 0)
 """
-_MOVED_SQL = _MOVED_TEMPLATE.format(
+_MOVED_PARTS = dict(
     live_sums=", ".join(f"sum({f})::float8 AS {f}" for f in _SUM_FIELDS),
     frozen_sums=", ".join(
         f"sum(s.{f})::float8 AS {f}, max(abs(s.{f}))::float8 AS {f}_max" for f in _SUM_FIELDS
@@ -669,6 +681,13 @@ _MOVED_SQL = _MOVED_TEMPLATE.format(
         f" coalesce(f.{f}_max, 0)) * {_RELATIVE!r} + {_RELATIVE!r}"
         for f in _SUM_FIELDS
     ),
+)
+# Every GPU's rows, or (a few GPUs, ``_FEW_MOVED``) those of the GPUs asked for.
+_MOVED_SQL = _MOVED_TEMPLATE.format(**_MOVED_PARTS, live_ids="", frozen_ids="")
+_MOVED_FEW_SQL = _MOVED_TEMPLATE.format(
+    **_MOVED_PARTS,
+    live_ids="AND gpu_id = ANY(%(ids)s::bigint[])",
+    frozen_ids="AND s.gpu_id = ANY(%(ids)s::bigint[])",
 )
 
 
@@ -686,46 +705,56 @@ def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[
     end = month_after(month)
     first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
     last = _local_midnight(end, loaded.zone).astimezone(dt.UTC)
-    capacity_h = cm.hours_between(start=first, end=last)  # every whole GPU's, all month
-    params: dict[str, Any] = {"month": month, "end": end, "ids": array_literal(sorted(whole_gpus))}
+    # Every whole GPU's capacity, all month. The offline hours are compared in floats: their
+    # rounding is far inside the allowance.
+    capacity_h = float(cm.hours_between(start=first, end=last))
+    params: dict[str, Any] = {"month": month, "end": end}
+    sql = _MOVED_SQL
+    if len(whole_gpus) <= _FEW_MOVED:
+        sql, params["ids"] = _MOVED_FEW_SQL, array_literal(sorted(whole_gpus))
     with read_cursor(binary=True, large=True) as cursor:
-        cursor.execute(_MOVED_SQL, params)
-        rows = cursor.fetchall()
+        cursor.execute(sql, params)
+        rows = [row for row in cursor.fetchall() if row[0] in whole_gpus]
     moved: set[int] = set()
-    observed_h: dict[int, Decimal] = defaultdict(Decimal)
-    frozen_offline: dict[int, list[tuple[tuple[Any, ...], Decimal, Decimal]]] = defaultdict(list)
+    observed_h: dict[int, float] = defaultdict(float)
+    frozen_offline: dict[int, list[tuple[tuple[Any, ...], float, float]]] = defaultdict(list)
     names = loaded.names
+    same_terms: dict[tuple[Any, ...], bool] = {}  # a few distinct terms per fleet: each once
     for gpu_id, node, pool, team, site, differs, observed_s, offline_h, offline_max, *terms in rows:
         info = loaded.gpus[gpu_id]
-        # As the live month sums a GPU's observed hours: per segment (attribution) in Decimal.
-        observed_h[gpu_id] += cm.hours_from_seconds(seconds=observed_s)
+        observed_h[gpu_id] += observed_s / 3600
         if differs:
             moved.add(gpu_id)
             continue
-        count, rate, kind, site_name, pue, price, grid = terms
-        if count:
-            now_site = names.site(site)
-            if count != 1 or (
-                Decimal(rate) != info.rates[_phase_outside(info, first)]
-                or (kind or None) != info.kind
-                or _SiteTerms(site_name, Decimal(pue), Decimal(price), Decimal(grid)) != now_site
-            ):
+        if terms[0]:  # frozen rows at this attribution: their terms are the GPU's now?
+            key = (site, info.rates[_phase_outside(info, first)], info.kind, *terms)
+            same = same_terms.get(key)
+            if same is None:
+                count, rate, kind, site_name, pue, price, grid = terms
+                same = same_terms[key] = (
+                    count == 1
+                    and Decimal(rate) == key[1]
+                    and (kind or None) == key[2]
+                    and _SiteTerms(site_name, Decimal(pue), Decimal(price), Decimal(grid))
+                    == names.site(site)
+                )
+            if not same:
                 moved.add(gpu_id)
                 continue
             frozen_offline[gpu_id].append(((node, pool, team, site), offline_h, offline_max))
     unmoved: set[int] = set()
     for gpu_id in whole_gpus - moved:
         info = loaded.gpus[gpu_id]
-        live = cm.offline_hours(capacity_hours=capacity_h, observed_hours=observed_h[gpu_id])
+        live = max(0.0, capacity_h - observed_h[gpu_id])  # cost_model.offline_hours
         at_now = (info.node_id, info.pool_id, info.team_id, info.site_id)
         seen_now = False
         for at, offline_h, offline_max in frozen_offline.get(gpu_id, []):
-            own = live if at == at_now else Decimal(0)
+            own = live if at == at_now else 0.0
             seen_now = seen_now or at == at_now
-            if abs(own - offline_h) > max(abs(own), offline_max) * _RELATIVE_D + _RELATIVE_D:
+            if abs(own - offline_h) > max(abs(own), offline_max) * _RELATIVE + _RELATIVE:
                 break
         else:
-            if seen_now or live <= _RELATIVE_D:
+            if seen_now or live <= _RELATIVE:
                 unmoved.add(gpu_id)
     return unmoved
 

@@ -58,12 +58,18 @@ def _close_march() -> Any:
 
 
 @needs_postgres
-def test_a_close_stores_its_days_summed_per_class(awkward: dict[str, Any]) -> None:  # noqa: F811
+def test_a_close_stores_its_days_summed_per_class(
+    awkward: dict[str, Any],  # noqa: F811 (the fixture)
+    fleet: Any,
+) -> None:
     """Every class row is the close's day rows of its day, attribution, terms and model
     summed (added up here, in Python, from the rows per GPU); no row more or less. On 4
-    March "steady" and "late" (H100s of pool train, at train's rate) share one."""
+    March "steady" and "late" (H100s of pool train, at train's rate) share one. An hourly
+    row of "retired" on 8 March, after it left service, observed nothing: it is in its
+    class row's GPUs, not among those with capacity."""
     from billing.models import ClosedClassDay, ClosedSegment
 
+    fleet.save([fleet.usage(awkward["retired"], at("2026-03-08T10"), samples=1)])
     close = _close_march()
     assert close.by_class
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -88,7 +94,12 @@ def test_a_close_stores_its_days_summed_per_class(awkward: dict[str, Any]) -> No
     assert set(stored) == set(groups)
     for key, group in groups.items():
         row = stored[key]
-        assert (set(row.gpu_ids), set(row.counted_ids)) == (group["ids"], group["counted"])
+        assert set(row.gpu_ids) == group["ids"]
+        # Kept only where some GPU of it has no capacity in it: else None, all of them.
+        if group["counted"] == group["ids"]:
+            assert row.counted_ids is None
+        else:
+            assert set(row.counted_ids) == group["counted"]
         assert row.offline_h == group["offline_h"]
         for name in USAGE_SUM_COLUMNS:
             assert getattr(row, name) == pytest.approx(group[name], rel=1e-12, abs=1e-9), name
@@ -101,6 +112,9 @@ def test_a_close_stores_its_days_summed_per_class(awkward: dict[str, Any]) -> No
         if r.day == dt.date(2026, 3, 4) and r.pool_id_at == train.pk and r.model_key == "H100-SXM"
     ]
     assert any({awkward["steady"].pk, awkward["late"].pk} <= set(r.gpu_ids) for r in shared)
+    (after,) = [r for r in stored.values() if r.counted_ids is not None]
+    assert after.day == dt.date(2026, 3, 8) and awkward["retired"].pk in after.gpu_ids
+    assert awkward["retired"].pk not in after.counted_ids
 
 
 def _spied(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
