@@ -6,7 +6,9 @@ sums docs/metrics.md works from, independently of the rollup code.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -164,6 +166,24 @@ class FleetBuilder:
         from telemetry.models import HourlyUsage
 
         HourlyUsage.objects.bulk_create(rows)
+
+
+@contextlib.contextmanager
+def migrated_back(app: str, migration: str) -> Iterator[Any]:
+    """The models as of ``app``'s ``migration`` (its historical apps), with the database
+    migrated back to it; forward to the latest again when the block ends, also on failure.
+    For a ``transaction=True`` test of a data migration."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before = [(app, migration)]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    try:
+        yield executor.loader.project_state(before).apps
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import time_machine
 from billing import selectors
 from billing.selectors import closing
 from telemetry.models import USAGE_SUM_COLUMNS
-from tests.billing.conftest import at
+from tests.billing.conftest import at, migrated_back
 from tests.billing.test_perf_paths import (  # noqa: F401 (fixtures)
     _daily_state_present,
     awkward,
@@ -235,9 +235,6 @@ def test_the_migration_stores_the_class_rows_of_closes_made_before_them(fleet: A
     """A close stored before ``ClosedClassDay`` (billing 0005) gets its class rows from
     ``migrate``, the rows its close would have stored (``class_days_store`` run again gives
     the same), and is read by class from then on."""
-    from django.db import connection
-    from django.db.migrations.executor import MigrationExecutor
-
     from billing.models import ClosedClassDay, MonthClose
 
     site = fleet.site("fra1")
@@ -248,11 +245,7 @@ def test_the_migration_stores_the_class_rows_of_closes_made_before_them(fleet: A
         fleet.gpu(f"GPU-{i}", node=node, index=i, in_service_at=at("2026-03-01T00"), model=h100)
         for i in range(3)
     ]
-    before = [("billing", "0005_closed_segment_columns")]
-    executor = MigrationExecutor(connection)
-    executor.migrate(before)
-    try:
-        old = executor.loader.project_state(before).apps
+    with migrated_back("billing", "0005_closed_segment_columns") as old:
         close = old.get_model("billing", "MonthClose").objects.create(
             month=MARCH_1, closed_at=at("2026-04-02T00"), closed_by="alice", zone="UTC"
         )
@@ -273,11 +266,6 @@ def test_the_migration_stores_the_class_rows_of_closes_made_before_them(fleet: A
                     kind="owned",
                     site_name="fra1",
                 )
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes())
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes())
     stored = MonthClose.objects.get(month=MARCH_1)
     assert stored.by_class
 

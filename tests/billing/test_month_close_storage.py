@@ -16,7 +16,7 @@ import pytest
 import time_machine
 
 from billing import selectors
-from tests.billing.conftest import at
+from tests.billing.conftest import at, migrated_back
 from tests.billing.test_month_close import CLOSE_NOW, close, late_batch, rows
 from tests.billing.test_perf_paths import (  # noqa: F401 (fixtures)
     _daily_state_present,
@@ -199,17 +199,10 @@ def test_the_migration_turns_stored_documents_into_columns_and_month_rows(fleet:
     reads the same after ``migrate``: each value in its column, the decimals as they were
     written, and a month row per GPU, attribution and terms summing the month's own rows
     (not the adjustment it carried)."""
-    from django.db import connection
-    from django.db.migrations.executor import MigrationExecutor
-
     site = fleet.site("fra1")
     node = fleet.node("gpu-07", pool=fleet.pool("inference", site=site))
     gpu = fleet.gpu("GPU-old", node=node, in_service_at=at("2026-03-01T00"))
-    before = [("billing", "0004_month_close_focus_export")]
-    executor = MigrationExecutor(connection)
-    executor.migrate(before)
-    try:
-        old = executor.loader.project_state(before).apps
+    with migrated_back("billing", "0004_month_close_focus_export") as old:
         close = old.get_model("billing", "MonthClose").objects.create(
             month=MARCH_1, closed_at=at("2026-04-02T00"), closed_by="alice", zone="UTC"
         )
@@ -240,11 +233,6 @@ def test_the_migration_turns_stored_documents_into_columns_and_month_rows(fleet:
                 figures=figures(observed, offline),
                 adjusts=adjusts,
             )
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes())
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes())
     from billing.models import ClosedSegment
 
     stored = {(r.day, r.adjusts, r.whole_month): r for r in ClosedSegment.objects.filter(gpu=gpu)}
