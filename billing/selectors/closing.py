@@ -570,8 +570,8 @@ def late_data(
 
 _RELATIVE = 1e-9
 _RELATIVE_D = Decimal("1e-9")
-# Up to this many GPUs whose late data is computed (the others unmoved), their rows are read
-# by GPU in SQL rather than the fleet's skipped in Python.
+# A few GPUs: up to this many (those whose late data is checked, or computed), a statement
+# reads their rows by id rather than every GPU's, the others skipped in Python.
 _FEW_MOVED = 500
 
 
