@@ -369,11 +369,34 @@ def _closes(
     return closed, booked_here, list(_runs(start, end, closed))
 
 
-def touched_by_closes(start: dt.date, end: dt.date) -> bool:
-    """Whether a closed month lies in [start, end) or books its late data there: then the
-    figures are not the live computation's alone."""
-    _, booked_here, runs = _closes(start, end)
-    return bool(booked_here) or any(is_closed for _, _, is_closed in runs)
+@dataclasses.dataclass(frozen=True)
+class BucketCloses:
+    """How the closes touch the buckets of [start, end): ``touched``: a closed month lies in
+    the range or books its late data there (the figures are not the live computation's
+    alone); ``shut[i]``: bucket ``i`` lies wholly in closed months (the
+    others have no closed day); ``runs``: the closed stretches ``(from, to)`` of the range."""
+
+    touched: bool
+    shut: list[bool]
+    runs: list[tuple[dt.date, dt.date]]
+
+
+def bucket_closes(start: dt.date, end: dt.date, buckets: list[_Bucket]) -> BucketCloses | None:
+    """The closes of the buckets of [start, end), or None where a bucket lies partly in a
+    closed month (a week or the whole range across a close's edge)."""
+    closed, booked_here, runs = _closes(start, end)
+    shut = []
+    for bucket in buckets:
+        day, last = bucket.local_start.date(), bucket.local_end.date()
+        kinds = set()
+        while day < last:
+            kinds.add(day.replace(day=1) in closed)
+            day = month_after(day)
+        if len(kinds) > 1:
+            return None
+        shut.append(kinds == {True})
+    stretches = [(first, to) for first, to, is_closed in runs if is_closed]
+    return BucketCloses(touched=bool(booked_here) or bool(stretches), shut=shut, runs=stretches)
 
 
 def compute(
@@ -387,15 +410,20 @@ def compute(
     loaded: _Loaded | None = None,
     by_class: bool = False,
     adjust_days: bool = False,
+    adjustments_only: bool = False,
 ) -> _Computation:
     """``_compute``, with closed months frozen and their late data booked as adjustments
     (``by_class`` for the open months' own figures and the closed months' alike).
 
     An adjustment ``adjusts`` its closed month (its first day: the costs rows name the
     month), or with ``adjust_days`` each day it corrects (a FOCUS file's corrections, a
-    close's carried adjustments), which finds the late data per GPU and day."""
+    close's carried adjustments), which finds the late data per GPU and day.
+    ``adjustments_only``: the adjustments alone (those booked in the range, and those the
+    closed months in it carried), what a count of the rows cannot tell without them
+    (``counting.bucket_counts``)."""
     closed, booked_here, runs = _closes(start, end)
-    if not booked_here and all(not is_closed for _, _, is_closed in runs):
+    untouched = not booked_here and all(not is_closed for _, _, is_closed in runs)
+    if untouched and not adjustments_only:
         return _compute(
             start=start,
             end=end,
@@ -421,14 +449,19 @@ def compute(
     for run_start, run_end, is_closed in runs:
         if is_closed:
             months = period in ("all", "month")
+            where = _closed_run(run_start, run_end, months=months)
+            if adjustments_only:  # the adjustments it carried
+                where &= Q(adjusts__isnull=False)
             segments += frozen_segments(
-                where=_closed_run(run_start, run_end, months=months),
+                where=where,
                 loaded=loaded,
                 filters=filters,
                 bucket=all_buckets[0] if period == "all" else bucket_for,
                 by_class=by_class,
-                days=None if months else (run_start, run_end),
+                days=None if months or adjustments_only else (run_start, run_end),
             )
+            continue
+        if adjustments_only:
             continue
         part = _compute(
             start=run_start,

@@ -472,15 +472,27 @@ def cost_rows_counted(
     parts = list(parts)
     loaded = _load(start=start, end=end, filters=filters, now=now)
 
+    index = {b.key: i for i, b in enumerate(_buckets(start, end, period, loaded.zone))}
+
     def computed(sub: Filters) -> set[tuple[int, str]]:
-        index = {b.key: i for i, b in enumerate(_buckets(start, end, period, loaded.zone))}
         gpus = {g.id: g for g in loaded.gpus.values() if g.uuid in sub.gpus}
         only = dataclasses.replace(loaded, gpus=gpus)
         return {
             (index[entry.bucket.key], entry.key)
             for _, groups in _parts(start, end, parts, group_by, period, sub, loaded=only)
             for entry in groups
+            if entry.adjusts is None
         }
+
+    def adjustments() -> list[int]:
+        return [
+            index[entry.bucket.key]
+            for part_start, part_end in parts
+            for entry in _groups(
+                _part(loaded, part_start, part_end, period, filters, group_by, adjustments=True),
+                group_by,
+            )
+        ]
 
     counted = bucket_counts(
         loaded=loaded,
@@ -489,8 +501,10 @@ def cost_rows_counted(
         parts=parts,
         period=period,
         filters=filters,
+        group_by=group_by,
         group_key=lambda gpu, names: _group_of(gpu, gpu, group_by, names)[0],
         computed=computed,
+        adjustments=adjustments,
     )
     if counted is not None:
         page = _counted_page(
@@ -653,10 +667,17 @@ def _parts(
 
 
 def _part(
-    loaded: _Loaded, start: dt.date, end: dt.date, period: str, filters: Filters, group_by: str
+    loaded: _Loaded,
+    start: dt.date,
+    end: dt.date,
+    period: str,
+    filters: Filters,
+    group_by: str,
+    *,
+    adjustments: bool = False,
 ) -> _Computation:
     """The computation of [start, end), a part of the range ``loaded`` was read for, for rows
-    grouped by ``group_by``."""
+    grouped by ``group_by`` (``adjustments``: its adjustments alone)."""
     return _compute(
         start=start,
         end=end,
@@ -665,6 +686,7 @@ def _part(
         now=loaded.now,
         loaded=_loaded_within(loaded, start=start, end=end),
         by_class=_by_class((group_by,)),
+        adjustments_only=adjustments,
     )
 
 

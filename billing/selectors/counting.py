@@ -12,9 +12,13 @@ buckets, not a computation of 24 × 365 GPU-hours. The other GPUs (moved between
 pools, teams or sites within the months of the range, as the monthly pre-aggregate tells) are
 computed the usual way, restricted to them.
 
-Closed months (frozen figures, late-data adjustments) and the plain path (SQLite, a report
-zone the pre-aggregates are not built for) have no such arithmetic: ``None``, and the caller
-computes every row as before.
+Closed months: a closed bucket's rows are those its close stored (one per group of the
+stored rows' attribution, read by one grouped statement, never priced), the moved GPUs'
+computed, plus every adjustment row (late data booked in the range, adjustments the closed
+months carried), which only their computation tells (it is what a page computes of them
+anyway: the GPUs that moved). A bucket across a close's edge (a week, the whole range) and
+the plain path (SQLite, a report zone the pre-aggregates are not built for) have no such
+arithmetic: ``None``, and the caller computes every row as before.
 """
 
 from __future__ import annotations
@@ -24,18 +28,28 @@ import dataclasses
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from functools import reduce
+from operator import or_
+from typing import Any
+
+from django.db.models import Count, IntegerField, Q
+from django.db.models.expressions import RawSQL
 
 from billing import cost_model as cm
+from billing.models import ClosedSegment
 from billing.selectors.calendar import _buckets, _local_midnight, month_after
-from billing.selectors.closing import touched_by_closes
-from billing.selectors.literals import array_literal
+from billing.selectors.closing import BucketCloses, _closed_run, bucket_closes
+from billing.selectors.literals import array_literal, by_id, dates_literal
 from billing.selectors.loading import _Loaded
 from billing.selectors.sums import _kept_now
 from billing.selectors.types import Filters, _Bucket, _GpuInfo, _NamesAndSiteTerms
 from config.replica import read_cursor
+from fleet.models import Node
 
 # (bucket index, group key) of the rows of GPUs computed the usual way.
 Computed = Callable[[Filters], set[tuple[int, str]]]
+# The bucket index of each adjustment row (late data, a closed month's carried adjustments).
+Adjustments = Callable[[], list[int]]
 GroupKey = Callable[[_GpuInfo, _NamesAndSiteTerms], str]
 
 
@@ -86,17 +100,23 @@ def bucket_counts(
     parts: Sequence[tuple[dt.date, dt.date]],
     period: str,
     filters: Filters,
+    group_by: str,
     group_key: GroupKey,
     computed: Computed,
+    adjustments: Adjustments,
 ) -> BucketCounts | None:
     """The rows per bucket of ``cost_rows_in_parts`` over ``parts`` (GPUs retired before a
     part's start are not in it), or None where only computing them tells. ``group_key``: a
     GPU's group at its current attribution; ``computed(filters)``: the (bucket index, key)
-    of the rows the usual computation gives under ``filters`` (for the moved GPUs)."""
-    if not loaded.daily_zone or touched_by_closes(start, end):
+    of the rows (not the adjustments) the usual computation gives under ``filters`` (for
+    the moved GPUs); ``adjustments()``: the bucket index of each adjustment row."""
+    if not loaded.daily_zone:
         return None
     zone, now, names = loaded.zone, loaded.now, loaded.names
     buckets = _buckets(start, end, period, zone)
+    closes = bucket_closes(start, end, buckets)
+    if closes is None:
+        return None
     starts = [b.start for b in buckets]
     ends = [b.end for b in buckets]
     window_start, window_end = starts[0], ends[-1]
@@ -107,6 +127,10 @@ def bucket_counts(
 
     gpus = loaded.gpus
     moved = _moved(gpus, start, end)
+    if closes.touched:
+        # Closed days' rows come from their stored rows: a GPU retired inside the window
+        # (in some parts and not others) is counted as the moved ones are.
+        moved |= {g.id for g in gpus.values() if g.retired_at and g.retired_at > window_start}
     plain = [g for g in gpus.values() if g.id not in moved]
     spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
     reach: dict[int, tuple[int, int, str]] = {}  # kept plain GPU → its buckets and key
@@ -134,7 +158,7 @@ def bucket_counts(
     for gpu_id, hour in _outside(caps, window_start, capacity_end):
         i = bisect.bisect_right(starts, hour) - 1
         first, last, key = reach[gpu_id]
-        if i < 0 or hour >= ends[i] or first <= i < last:
+        if i < 0 or hour >= ends[i] or first <= i < last or closes.shut[i]:
             continue
         retired = gpus[gpu_id].retired_at
         if retired is None or retired > part_starts[part_of[i]]:
@@ -154,10 +178,112 @@ def bucket_counts(
     for step in steps[:-1]:
         running += step
         counts.append(running)
+    shut_more: dict[int, set[str]] = defaultdict(set)
     for i, key in more:
-        if not any(first <= i < last for first, last in covered.get(key, ())):
+        if closes.shut[i]:
+            shut_more[i].add(key)
+        elif not any(first <= i < last for first, last in covered.get(key, ())):
+            counts[i] += 1
+    if closes.touched:
+        stored = _closed_keys(loaded, buckets, closes, period, filters, group_by, skip=moved)
+        for i, shut in enumerate(closes.shut):
+            if shut:
+                held = stored.get(i, 0)
+                if isinstance(held, int):  # by GPU: the moved GPUs' keys are their own
+                    counts[i] = held + len(shut_more[i])
+                else:
+                    counts[i] = len(held | shut_more[i])
+        for i in adjustments():
             counts[i] += 1
     return BucketCounts(buckets=buckets, counts=counts)
+
+
+# The closed days' rows, as ``closing.frozen_segments`` reads them for a page, per bucket
+# and group: the rows (not the adjustments) a close stored, of the GPUs of the computation
+# (a dense array by GPU id: the group's code of each, or -1), at the filters' attribution.
+# By GPU the rows are the GPUs a bucket holds (counted); else the groups' codes (listed).
+def _closed_keys(
+    loaded: _Loaded,
+    buckets: list[_Bucket],
+    closes: BucketCloses,
+    period: str,
+    filters: Filters,
+    group_by: str,
+    *,
+    skip: set[int],
+) -> dict[int, int | set[str]]:
+    """Per closed bucket index: its rows by GPU (a count), else the keys of its rows."""
+    names = loaded.names
+    members = [
+        g
+        for g in loaded.gpus.values()
+        if g.id not in skip
+        and (not filters.models or g.model_key in filters.models)
+        and (not filters.gpus or g.uuid in filters.gpus)
+    ]
+    months = period in ("all", "month")
+    where = reduce(or_, (_closed_run(a, b, months=months) for a, b in closes.runs))
+    rows = ClosedSegment.objects.filter(where, close__closed=True, adjusts__isnull=True)
+    rows = rows.filter(_kept_at(filters, names))
+    firsts = dates_literal([b.local_start.date() for b in buckets])
+    at_bucket = RawSQL("width_bucket(day, %s::date[]) - 1", (firsts,), IntegerField())
+    if not members:
+        return {}
+    # A model's rows are its GPUs' (the model they have now, as the frozen rows are priced).
+    models = sorted({g.model_key for g in members}) if group_by == "model" else []
+    codes, base, top = by_id(
+        {g.id: models.index(g.model_key) if models else 0 for g in members}, -1
+    )
+    code = RawSQL("(%s::int[])[gpu_id - %s]", (array_literal(codes), base), IntegerField())
+    rows = rows.filter(gpu_id__gt=base, gpu_id__lte=top).annotate(code=code, b=at_bucket)
+    rows = rows.filter(code__gte=0)
+    if group_by == "gpu":
+        counted = rows.values("b").annotate(n=Count("gpu_id", distinct=True)).order_by()
+        return {row["b"]: row["n"] for row in counted}
+    column = {"node": "node_id_at", "team": "team_id_at", "pool": "pool_id_at"}
+    column |= {"site": "site_id_at", "model": "code", "fleet": "code"}
+    found = list(rows.values_list("b", column[group_by]).distinct().order_by())
+    if group_by == "node":
+        missing = {n for _, n in found if n is not None} - names.nodes.keys()
+        if missing:  # nodes a GPU has since left
+            names.nodes.update(Node.objects.filter(pk__in=missing).values_list("id", "hostname"))
+    out: dict[int, int | set[str]] = {}
+    for i, value in found:
+        keys = out.setdefault(i, set())
+        assert isinstance(keys, set)
+        keys.add(_key_at(group_by, value, models, names))
+    return out
+
+
+def _key_at(group_by: str, value: Any, models: list[str], names: _NamesAndSiteTerms) -> str:
+    """The key of a stored row's group (``costs._group_of`` of its segment) from its code."""
+    if group_by == "model":
+        return models[int(value)]
+    if group_by == "fleet":
+        return "fleet"
+    found = {
+        "node": lambda: names.nodes.get(value or 0),
+        "team": lambda: names.teams.get(value or 0),
+        "pool": lambda: names.pools.get(value or 0),
+        "site": lambda: names.site(value).name,
+    }[group_by]()
+    return found or ""
+
+
+def _kept_at(filters: Filters, names: _NamesAndSiteTerms) -> Q:
+    """The stored rows whose attribution the site, pool and team filters keep
+    (``sums._kept`` of their segments)."""
+    kept = Q()
+    if filters.sites:
+        site = Q(site_id_at__in=[i for i, s in names.sites.items() if s.name in filters.sites])
+        if names.site(None).name in filters.sites:  # no site, or one not known
+            site |= Q(site_id_at__isnull=True) | ~Q(site_id_at__in=list(names.sites))
+        kept &= site
+    if filters.pools:
+        kept &= Q(pool_id_at__in=[i for i, n in names.pools.items() if n in filters.pools])
+    if filters.teams:
+        kept &= Q(team_id_at__in=[i for i, n in names.teams.items() if n in filters.teams])
+    return kept
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
