@@ -216,6 +216,14 @@ class ClosedSegment(ClosedFigures):
         indexes = [
             models.Index(fields=["day"], name="billing_closedseg_day"),
             models.Index(fields=["adjusts"], name="billing_closedseg_adjusts"),
+            # The day rows' keys alone (issue 19): a count of a closed month's rows per day
+            # and group (``counting._closed_keys``) reads this, not the rows' sums.
+            models.Index(
+                fields=["day"],
+                include=["gpu", "close", "node_id_at", "pool_id_at", "team_id_at", "site_id_at"],
+                condition=models.Q(adjusts__isnull=True, whole_month=False),
+                name="billing_closedseg_day_keys",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -374,11 +374,13 @@ class BucketCloses:
     """How the closes touch the buckets of [start, end): ``touched``: a closed month lies in
     the range or books its late data there (the figures are not the live computation's
     alone); ``shut[i]``: bucket ``i`` lies wholly in closed months (the
-    others have no closed day); ``runs``: the closed stretches ``(from, to)`` of the range."""
+    others have no closed day); ``runs``: the closed stretches ``(from, to)`` of the range;
+    ``close_ids``: the closes of the months closed now."""
 
     touched: bool
     shut: list[bool]
     runs: list[tuple[dt.date, dt.date]]
+    close_ids: list[int]
 
 
 def bucket_closes(start: dt.date, end: dt.date, buckets: list[_Bucket]) -> BucketCloses | None:
@@ -396,7 +398,12 @@ def bucket_closes(start: dt.date, end: dt.date, buckets: list[_Bucket]) -> Bucke
             return None
         shut.append(kinds == {True})
     stretches = [(first, to) for first, to, is_closed in runs if is_closed]
-    return BucketCloses(touched=bool(booked_here) or bool(stretches), shut=shut, runs=stretches)
+    return BucketCloses(
+        touched=bool(booked_here) or bool(stretches),
+        shut=shut,
+        runs=stretches,
+        close_ids=sorted(closed.values()),
+    )
 
 
 def compute(
@@ -411,6 +418,7 @@ def compute(
     by_class: bool = False,
     adjust_days: bool = False,
     adjustments_only: bool = False,
+    whole: tuple[dt.date, _Loaded] | None = None,
 ) -> _Computation:
     """``_compute``, with closed months frozen and their late data booked as adjustments
     (``by_class`` for the open months' own figures and the closed months' alike).
@@ -420,7 +428,10 @@ def compute(
     close's carried adjustments), which finds the late data per GPU and day.
     ``adjustments_only``: the adjustments alone (those booked in the range, and those the
     closed months in it carried), what a count of the rows cannot tell without them
-    (``counting.bucket_counts``)."""
+    (``counting.bucket_counts``). ``whole``: (its first day, the load) of a range this one
+    is a part of, with the same filters: a month whose late data is booked here takes its
+    GPUs from it where the month lies in that range (as from ``loaded`` where it lies in
+    this one), not from a load of its own."""
     closed, booked_here, runs = _closes(start, end)
     untouched = not booked_here and all(not is_closed for _, _, is_closed in runs)
     if untouched and not adjustments_only:
@@ -486,9 +497,13 @@ def compute(
         bucket = bucket_for(booked_on)
         month_end = month_after(month)
         # What the window's load holds of the month where the month lies in the window (its
-        # GPUs less those retired by the month's start); else the month loaded on its own.
+        # GPUs less those retired by the month's start), or the whole range's where this is
+        # a part of one; else the month loaded on its own.
+        source = loaded if month >= start else None
+        if source is None and whole is not None and month >= whole[0]:
+            source = whole[1]
         month_loaded = (
-            _loaded_within(loaded, start=month, end=month_end) if month >= start else None
+            _loaded_within(source, start=month, end=month_end) if source is not None else None
         ) or _load(start=month, end=month_end, filters=filters, now=now)
         whole_gpus = set() if adjust_days else _whole_month_gpus(month, month_loaded, filters)
         month_filters = filters

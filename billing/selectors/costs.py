@@ -489,7 +489,7 @@ def cost_rows_counted(
             index[entry.bucket.key]
             for part_start, part_end in parts
             for entry in _groups(
-                _part(loaded, part_start, part_end, period, filters, group_by, adjustments=True),
+                _part(loaded, part_start, part_end, period, filters, group_by, start, True),
                 group_by,
             )
         ]
@@ -562,6 +562,7 @@ def _counted_page(
             now=loaded.now,
             loaded=_loaded_within(loaded, start=part_start, end=part_end),
             by_class=_by_class((group_by,)),
+            whole=(start, loaded),
         )
         found += [(entry, computation) for entry in _groups(computation, group_by)]
     if len(found) != upto - before:
@@ -612,7 +613,7 @@ def cost_rows_after(
         last = min(first + size, len(buckets))
         part_start = max(start, buckets[first].key)
         part_end = buckets[last].key if last < len(buckets) else end
-        computation = _part(loaded, part_start, part_end, period, filters, group_by)
+        computation = _part(loaded, part_start, part_end, period, filters, group_by, start)
         groups = _groups(computation, group_by)
         found += [
             (entry, computation) for entry in groups if after is None or entry.place() > after
@@ -662,7 +663,7 @@ def _parts(
     filters = filters or Filters()
     loaded = loaded or _load(start=start, end=end, filters=filters, now=now)
     for part_start, part_end in parts:
-        computation = _part(loaded, part_start, part_end, period, filters, group_by)
+        computation = _part(loaded, part_start, part_end, period, filters, group_by, start)
         yield computation, _groups(computation, group_by)
 
 
@@ -673,11 +674,13 @@ def _part(
     period: str,
     filters: Filters,
     group_by: str,
-    *,
+    query_start: dt.date,
     adjustments: bool = False,
 ) -> _Computation:
-    """The computation of [start, end), a part of the range ``loaded`` was read for, for rows
-    grouped by ``group_by`` (``adjustments``: its adjustments alone)."""
+    """The computation of [start, end), a part of the range [``query_start``, …) ``loaded``
+    was read for, for rows grouped by ``group_by`` (``adjustments``: its adjustments
+    alone). The closed months whose late data it books take their GPUs from ``loaded``
+    where they lie in the range."""
     return _compute(
         start=start,
         end=end,
@@ -687,6 +690,7 @@ def _part(
         loaded=_loaded_within(loaded, start=start, end=end),
         by_class=_by_class((group_by,)),
         adjustments_only=adjustments,
+        whole=(query_start, loaded),
     )
 
 

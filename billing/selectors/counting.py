@@ -32,7 +32,7 @@ from functools import reduce
 from operator import or_
 from typing import Any
 
-from django.db.models import Count, IntegerField, Q
+from django.db.models import Count, F, IntegerField, Q
 from django.db.models.expressions import RawSQL
 
 from billing import cost_model as cm
@@ -223,10 +223,10 @@ def _closed_keys(
     ]
     months = period in ("all", "month")
     where = reduce(or_, (_closed_run(a, b, months=months) for a, b in closes.runs))
-    rows = ClosedSegment.objects.filter(where, close__closed=True, adjusts__isnull=True)
+    # The closes by id, not joined: by day the rows come in the order of their index
+    # (billing_closedseg_day_keys), grouped without a sort.
+    rows = ClosedSegment.objects.filter(where, close_id__in=closes.close_ids, adjusts__isnull=True)
     rows = rows.filter(_kept_at(filters, names))
-    firsts = dates_literal([b.local_start.date() for b in buckets])
-    at_bucket = RawSQL("width_bucket(day, %s::date[]) - 1", (firsts,), IntegerField())
     if not members:
         return {}
     # A model's rows are its GPUs' (the model they have now, as the frozen rows are priced).
@@ -235,11 +235,19 @@ def _closed_keys(
         {g.id: models.index(g.model_key) if models else 0 for g in members}, -1
     )
     code = RawSQL("(%s::int[])[gpu_id - %s]", (array_literal(codes), base), IntegerField())
-    rows = rows.filter(gpu_id__gt=base, gpu_id__lte=top).annotate(code=code, b=at_bucket)
+    rows = rows.filter(gpu_id__gt=base, gpu_id__lte=top).annotate(code=code)
     rows = rows.filter(code__gte=0)
+    index: dict[Any, int]  # a row's b → its bucket's index
+    if period == "day":
+        index = {b.key: i for i, b in enumerate(buckets)}
+        rows = rows.annotate(b=F("day"))
+    else:
+        firsts = dates_literal([b.local_start.date() for b in buckets])
+        rows = rows.annotate(b=RawSQL("width_bucket(day, %s::date[])", (firsts,), IntegerField()))
+        index = {i + 1: i for i in range(len(buckets))}
     if group_by == "gpu":
         counted = rows.values("b").annotate(n=Count("gpu_id", distinct=True)).order_by()
-        return {row["b"]: row["n"] for row in counted}
+        return {index[row["b"]]: row["n"] for row in counted}
     column = {"node": "node_id_at", "team": "team_id_at", "pool": "pool_id_at"}
     column |= {"site": "site_id_at", "model": "code", "fleet": "code"}
     found = list(rows.values_list("b", column[group_by]).distinct().order_by())
@@ -248,8 +256,8 @@ def _closed_keys(
         if missing:  # nodes a GPU has since left
             names.nodes.update(Node.objects.filter(pk__in=missing).values_list("id", "hostname"))
     out: dict[int, int | set[str]] = {}
-    for i, value in found:
-        keys = out.setdefault(i, set())
+    for b, value in found:
+        keys = out.setdefault(index[b], set())
         assert isinstance(keys, set)
         keys.add(_key_at(group_by, value, models, names))
     return out
