@@ -377,6 +377,10 @@ def page_urls(start: dt.datetime, end: dt.datetime) -> dict[str, str]:
         "api gpu/day, mid cursor": f"/api/v1/costs?{api_rng}&group_by=gpu&period=day"
         f"&cursor={cursor_token((first + (last - first) / 2, '', ''))}",
         "api gpu/day, offset+count": f"/api/v1/costs?{api_rng}&group_by=gpu&period=day&offset=0",
+        # By week, the weeks across a closed month's edge (with --close-months) are counted
+        # in pieces; a page from the middle of the rows.
+        "api gpu/week, offset+count": f"/api/v1/costs?{api_rng}&group_by=gpu&period=week"
+        f"&offset={Gpu.objects.count() * 6}",
         "api team/month": f"/api/v1/costs?{api_rng}&group_by=team&period=month",
     }
 

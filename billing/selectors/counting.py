@@ -16,9 +16,11 @@ Closed months: a closed bucket's rows are those its close stored (one per group 
 stored rows' attribution, read by one grouped statement, never priced), the moved GPUs'
 computed, plus every adjustment row (late data booked in the range, adjustments the closed
 months carried), which only their computation tells (it is what a page computes of them
-anyway: the GPUs that moved). A bucket across a close's edge (a week, the whole range) and
-the plain path (SQLite, a report zone the pre-aggregates are not built for) have no such
-arithmetic: ``None``, and the caller computes every row as before.
+anyway: the GPUs that moved). A bucket across a close's edge (a week, the whole range) is
+counted in pieces split at the first day of each month in it, each wholly open or closed:
+its rows are the union of its pieces' keys and of the moved GPUs' computed in it. The plain
+path (SQLite, a report zone the pre-aggregates are not built for) has no such arithmetic:
+``None``, and the caller computes every row as before.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from django.db.models.expressions import RawSQL
 from billing import cost_model as cm
 from billing.models import ClosedSegment
 from billing.selectors.calendar import _buckets, _local_midnight, month_after
-from billing.selectors.closing import BucketCloses, _closed_run, bucket_closes
+from billing.selectors.closing import BucketCloses, _closed_run, bucket_closes, closed_months
 from billing.selectors.literals import array_literal, by_id, dates_literal
 from billing.selectors.loading import _Loaded
 from billing.selectors.sums import _kept_now
@@ -114,16 +116,24 @@ def bucket_counts(
         return None
     zone, now, names = loaded.zone, loaded.now, loaded.names
     buckets = _buckets(start, end, period, zone)
-    closes = bucket_closes(start, end, buckets)
+    # A bucket across a close's edge (a week, the whole range) is counted in pieces, each
+    # wholly open or wholly closed, and its rows are the union of its pieces' keys.
+    pieces, owner = _pieces(buckets, set(closed_months()), zone)
+    mixed = len(pieces) > len(buckets)
+    closes = bucket_closes(start, end, pieces)
     if closes is None:
         return None
-    starts = [b.start for b in buckets]
-    ends = [b.end for b in buckets]
+    starts = [b.start for b in pieces]
+    ends = [b.end for b in pieces]
     window_start, window_end = starts[0], ends[-1]
     capacity_end = max(window_start, min(window_end, now))
-    # The window start of the part each bucket is computed in.
+    # The window start of the part each piece is computed in (a bucket's, parts' edges are
+    # buckets' edges).
     part_starts = [_local_midnight(first, zone).astimezone(dt.UTC) for first, _ in parts]
-    part_of = [max(0, bisect.bisect_right(part_starts, b.start) - 1) for b in buckets]
+    part_of = [max(0, bisect.bisect_right(part_starts, b.start) - 1) for b in pieces]
+    of_bucket: list[list[int]] = [[] for _ in buckets]  # each bucket's pieces
+    for i, j in enumerate(owner):
+        of_bucket[j].append(i)
 
     gpus = loaded.gpus
     moved = _moved(gpus, start, end)
@@ -163,11 +173,16 @@ def bucket_counts(
         retired = gpus[gpu_id].retired_at
         if retired is None or retired > part_starts[part_of[i]]:
             more.add((i, key))
+    across: dict[int, set[str]] = defaultdict(set)  # a bucket in pieces → moved GPUs' keys
     if moved:
         uuids = tuple(sorted(gpus[g].uuid for g in moved))
-        more |= computed(dataclasses.replace(filters, gpus=uuids))
+        for j, key in computed(dataclasses.replace(filters, gpus=uuids)):
+            if len(of_bucket[j]) == 1:
+                more.add((of_bucket[j][0], key))
+            else:
+                across[j].add(key)
 
-    steps = [0] * (len(buckets) + 1)
+    steps = [0] * (len(pieces) + 1)
     covered: dict[str, list[tuple[int, int]]] = {}
     for key, found in spans.items():
         merged = covered[key] = _merged(found)
@@ -184,8 +199,11 @@ def bucket_counts(
             shut_more[i].add(key)
         elif not any(first <= i < last for first, last in covered.get(key, ())):
             counts[i] += 1
+    stored: dict[int, int | set[str]] = {}
     if closes.touched:
-        stored = _closed_keys(loaded, buckets, closes, period, filters, group_by, skip=moved)
+        stored = _closed_keys(
+            loaded, pieces, closes, period, filters, group_by, skip=moved, listed=mixed
+        )
         for i, shut in enumerate(closes.shut):
             if shut:
                 held = stored.get(i, 0)
@@ -193,9 +211,55 @@ def bucket_counts(
                     counts[i] = held + len(shut_more[i])
                 else:
                     counts[i] = len(held | shut_more[i])
-        for i in adjustments():
-            counts[i] += 1
-    return BucketCounts(buckets=buckets, counts=counts)
+    totals = [counts[ids[0]] for ids in of_bucket]
+    for j, ids in enumerate(of_bucket):
+        if len(ids) > 1:  # the keys of its pieces, and of the moved GPUs' rows in it
+            keys = set(across[j])
+            for i in ids:
+                if closes.shut[i]:
+                    held = stored.get(i, set())
+                    assert isinstance(held, set)
+                    keys |= held | shut_more[i]
+                else:
+                    keys |= {k for k, spans in covered.items() if any(a <= i < b for a, b in spans)}
+                    keys |= {k for at, k in more if at == i}
+            totals[j] = len(keys)
+    if closes.touched:
+        for j in adjustments():
+            totals[j] += 1
+    return BucketCounts(buckets=buckets, counts=totals)
+
+
+def _pieces(
+    buckets: list[_Bucket], closed: set[dt.date], zone: dt.tzinfo
+) -> tuple[list[_Bucket], list[int]]:
+    """``buckets`` with each one that lies partly in a closed month split at the first day of
+    each month in it, and the index of the bucket each piece is of."""
+    pieces, owner = [], []
+    for j, bucket in enumerate(buckets):
+        first, last = bucket.local_start.date(), bucket.local_end.date()
+        edges, day = [first], month_after(first.replace(day=1))
+        while day < last:
+            edges.append(day)
+            day = month_after(day)
+        if len(edges) == 1 or len({e.replace(day=1) in closed for e in edges}) == 1:
+            pieces.append(bucket)
+            owner.append(j)
+            continue
+        for a, b in zip(edges, [*edges[1:], last], strict=True):
+            local_start = bucket.local_start if a == first else _local_midnight(a, zone)
+            local_end = bucket.local_end if b == last else _local_midnight(b, zone)
+            pieces.append(
+                dataclasses.replace(
+                    bucket,
+                    start=local_start.astimezone(dt.UTC),
+                    end=local_end.astimezone(dt.UTC),
+                    local_start=local_start,
+                    local_end=local_end,
+                )
+            )
+            owner.append(j)
+    return pieces, owner
 
 
 # The closed days' rows, as ``closing.frozen_segments`` reads them for a page, per bucket
@@ -211,8 +275,10 @@ def _closed_keys(
     group_by: str,
     *,
     skip: set[int],
+    listed: bool = False,
 ) -> dict[int, int | set[str]]:
-    """Per closed bucket index: its rows by GPU (a count), else the keys of its rows."""
+    """Per closed bucket index: its rows by GPU (a count, or with ``listed`` their keys),
+    else the keys of its rows."""
     names = loaded.names
     members = [
         g
@@ -245,21 +311,22 @@ def _closed_keys(
         firsts = dates_literal([b.local_start.date() for b in buckets])
         rows = rows.annotate(b=RawSQL("width_bucket(day, %s::date[])", (firsts,), IntegerField()))
         index = {i + 1: i for i in range(len(buckets))}
-    if group_by == "gpu":
+    if group_by == "gpu" and not listed:
         counted = rows.values("b").annotate(n=Count("gpu_id", distinct=True)).order_by()
         return {index[row["b"]]: row["n"] for row in counted}
     column = {"node": "node_id_at", "team": "team_id_at", "pool": "pool_id_at"}
-    column |= {"site": "site_id_at", "model": "code", "fleet": "code"}
+    column |= {"site": "site_id_at", "model": "code", "fleet": "code", "gpu": "gpu_id"}
     found = list(rows.values_list("b", column[group_by]).distinct().order_by())
     if group_by == "node":
         missing = {n for _, n in found if n is not None} - names.nodes.keys()
         if missing:  # nodes a GPU has since left
             names.nodes.update(Node.objects.filter(pk__in=missing).values_list("id", "hostname"))
     out: dict[int, int | set[str]] = {}
+    uuids = {g.id: g.uuid for g in members} if group_by == "gpu" else {}
     for b, value in found:
         keys = out.setdefault(index[b], set())
         assert isinstance(keys, set)
-        keys.add(_key_at(group_by, value, models, names))
+        keys.add(uuids[value] if uuids else _key_at(group_by, value, models, names))
     return out
 
 

@@ -1,12 +1,13 @@
 """Limit/offset pages counted over closed months (``counting.bucket_counts``, issue 19).
 
-A fleet of five GPUs from 28 December 2025 to 10 March 2026: January and February closed,
+A fleet of seven GPUs from 28 December 2025 to 10 March 2026: January and February closed,
 December and March open; late data for January booked in February and carried by its close,
 late data for February booked in March; a GPU that moves to another pool, team and site in
-February; one retired in February. Every page's count and rows must be those of the whole
+February; one retired in February; one in service from 2 January; one with no service start
+that sent data on two December days. Every page's count and rows must be those of the whole
 computed part by part, the count taken without computing every row where no bucket lies
-across a close's edge (by day and month), and by computing them where one does (by week
-and over the whole range).
+across a close's edge (by day and month) or in pieces, each wholly open or closed, where one
+does (by week and over the whole range).
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ def closed_fleet(fleet: FleetBuilder) -> dict[str, Any]:
             model=a100,
             retired_at=at("2026-02-20T15:40"),
         ),
+        # In service from 2 January, in a closed month: in the week of 29 December only in
+        # its closed days (the stored rows).
+        "late": fleet.gpu(
+            "GPU-late", node=n1, index=2, in_service_at=at("2026-01-02T09"), model=h100
+        ),
+        # No service start: rows only where it sent data, 30 and 31 December (open days of
+        # that week, hours outside its capacity).
+        "unlisted": fleet.gpu("GPU-unlisted", node=n2, index=3, model=h100),
     }
     rows, late = [], []
     hour, i = at("2025-12-28T00"), 0
@@ -83,6 +92,10 @@ def closed_fleet(fleet: FleetBuilder) -> dict[str, Any]:
         for k, (name, gpu) in enumerate(gpus.items()):
             if (i + k) % 17 == 0 or (name == "retired" and hour >= at("2026-02-20T16")):
                 continue  # an offline hour; the retired GPU's days after it left
+            if (name == "late" and hour < at("2026-01-02T09")) or (
+                name == "unlisted" and not at("2025-12-30T00") <= hour < at("2026-01-01T00")
+            ):
+                continue
             moved = {"node": n1, "pool": train, "site": fra, "team": research}
             row = _row(
                 fleet,
@@ -124,10 +137,12 @@ FILTERS = [
 
 @pytest.mark.parametrize("flt", FILTERS)
 @pytest.mark.parametrize("group_by", selectors.GROUP_BY)
-@pytest.mark.parametrize("period", ["day", "month"])
+@pytest.mark.parametrize("period", ["day", "week", "month", "all"])
 def test_pages_over_closed_months_are_counted(
     closed_fleet: dict[str, Any], flt: selectors.Filters, group_by: str, period: str
 ) -> None:
+    # By week and over the whole range a bucket lies across a close's edge (the weeks of
+    # 29 December and 23 February): counted in pieces, each wholly open or closed.
     assert _offset_pages_match(flt, group_by, period, START) > 0
 
 
@@ -144,28 +159,49 @@ def test_the_fixture_has_what_the_count_must_handle(closed_fleet: dict[str, Any]
     feb14 = [r for r in by_node if r.period_start.date() == dt.date(2026, 2, 14)]
     assert {r.key for r in feb14} == {"n1", "n2"} and all(r.closed for r in feb14)
     # December and March open, January and February closed: 73 days; 5 GPUs but the retired
-    # one after 20 February (18 days), the rows of the adjustments.
-    assert len(rows) == 5 * 73 - 18 + 2
+    # one after 20 February (18 days), the rows of the adjustments, the late GPU's days from
+    # 2 January (68), the unlisted one's two.
+    assert len(rows) == 5 * 73 - 18 + 2 + 68 + 2
 
 
-@pytest.mark.parametrize("group_by", ["gpu", "team"])
-@pytest.mark.parametrize("period", ["week", "all"])
-def test_pages_across_a_close_edge_are_computed(
-    closed_fleet: dict[str, Any], group_by: str, period: str
-) -> None:
-    from billing.api.views import period_chunks
+def test_the_weeks_across_a_close_edge_are_counted_in_pieces(closed_fleet: dict[str, Any]) -> None:
+    from billing.selectors.calendar import _buckets
+    from billing.selectors.counting import _pieces
 
-    whole = _whole(group_by, period, selectors.Filters())
-    parts = list(period_chunks(START, END, period))
-    query = {"start": START, "end": END, "group_by": group_by, "period": period}
-    for offset in (0, max(0, len(whole) - 3)):
-        count, page = selectors.cost_rows_counted(
-            **query, parts=parts, offset=offset, limit=5, now=NOW
-        )
-        assert count == len(whole)
-        assert [(r.period_start, r.key, r.adjustment_for) for r in page] == [
-            (r.period_start, r.key, r.adjustment_for) for r in whole[offset : offset + 5]
+    buckets = _buckets(START, END, "week", dt.UTC)
+    closed = {dt.date(2026, 1, 1), dt.date(2026, 2, 1)}
+    pieces, owner = _pieces(buckets, closed, dt.UTC)
+    # Two weeks lie across a close's edge: 29 December - 4 January (split at 1 January) and
+    # 23 February - 1 March (at 1 March).
+    split = {
+        buckets[j].key: [
+            (p.local_start.date(), p.local_end.date())
+            for p, o in zip(pieces, owner, strict=True)
+            if o == j
         ]
+        for j in set(owner)
+        if owner.count(j) > 1
+    }
+    assert split == {
+        dt.date(2025, 12, 29): [
+            (dt.date(2025, 12, 29), dt.date(2026, 1, 1)),
+            (dt.date(2026, 1, 1), dt.date(2026, 1, 5)),
+        ],
+        dt.date(2026, 2, 23): [
+            (dt.date(2026, 2, 23), dt.date(2026, 3, 1)),
+            (dt.date(2026, 3, 1), dt.date(2026, 3, 2)),
+        ],
+    }
+    # The other weeks lie in open or in closed months only: not split. By team the week of
+    # 23 February holds product (the serving GPU) and research (the training GPUs and the
+    # mover, moved there on 14 February), and February's late data, booked on 1 March.
+    rows = _whole("team", "week", selectors.Filters())
+    week = [
+        (r.key, r.adjustment_for) for r in rows if r.period_start.date() == dt.date(2026, 2, 23)
+    ]
+    assert sorted(week, key=str) == sorted(
+        [("product", None), ("research", None), ("research", "2026-02")], key=str
+    )
 
 
 @pytest.mark.parametrize("group_by", ["gpu", "team"])
@@ -183,4 +219,4 @@ def test_a_gpu_retired_after_the_close_into_a_closed_month(
         # The fixture's count less its 20 February days (its January days stay: January's
         # part holds it), and one row more: January computed now has its capacity end on
         # 20 January, late data for January booked in March.
-        assert count == 5 * 73 - 18 + 2 - 20 + 1
+        assert count == 5 * 73 - 18 + 2 + 68 + 2 - 20 + 1
