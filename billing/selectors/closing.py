@@ -359,11 +359,12 @@ def segment_columns(segment: _Segment, computation: _Computation) -> dict[str, A
 
 
 def _closes(
-    start: dt.date, end: dt.date
+    start: dt.date, end: dt.date, closed: dict[dt.date, int] | None = None
 ) -> tuple[dict[dt.date, int], dict[dt.date, dt.date], list[tuple[dt.date, dt.date, bool]]]:
-    """The closed months; those whose late data is booked in [start, end) → the day it is
-    booked on (the first day of the booking month); and [start, end) in open and closed runs."""
-    closed = closed_months()
+    """The closed months (``closed``, where the caller read them already); those whose late
+    data is booked in [start, end) → the day it is booked on (the first day of the booking
+    month); and [start, end) in open and closed runs."""
+    closed = closed_months() if closed is None else closed
     bookings = {m: booking_month(m, closed) for m in closed}
     booked_here = {m: b for m, b in bookings.items() if start <= b < end}
     return closed, booked_here, list(_runs(start, end, closed))
@@ -383,10 +384,16 @@ class BucketCloses:
     close_ids: list[int]
 
 
-def bucket_closes(start: dt.date, end: dt.date, buckets: list[_Bucket]) -> BucketCloses | None:
+def bucket_closes(
+    start: dt.date,
+    end: dt.date,
+    buckets: list[_Bucket],
+    closed: dict[dt.date, int] | None = None,
+) -> BucketCloses | None:
     """The closes of the buckets of [start, end), or None where a bucket lies partly in a
-    closed month (a week or the whole range across a close's edge)."""
-    closed, booked_here, runs = _closes(start, end)
+    closed month (a week or the whole range across a close's edge). ``closed``: the closed
+    months, where the caller read them already."""
+    closed, booked_here, runs = _closes(start, end, closed)
     shut = []
     for bucket in buckets:
         day, last = bucket.local_start.date(), bucket.local_end.date()

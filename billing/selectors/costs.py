@@ -489,7 +489,9 @@ def cost_rows_counted(
             index[entry.bucket.key]
             for part_start, part_end in parts
             for entry in _groups(
-                _part(loaded, part_start, part_end, period, filters, group_by, start, True),
+                _part(
+                    loaded, part_start, part_end, period, filters, group_by, start, adjustments=True
+                ),
                 group_by,
             )
         ]
@@ -675,6 +677,7 @@ def _part(
     filters: Filters,
     group_by: str,
     query_start: dt.date,
+    *,
     adjustments: bool = False,
 ) -> _Computation:
     """The computation of [start, end), a part of the range [``query_start``, …) ``loaded``

@@ -118,9 +118,10 @@ def bucket_counts(
     buckets = _buckets(start, end, period, zone)
     # A bucket across a close's edge (a week, the whole range) is counted in pieces, each
     # wholly open or wholly closed, and its rows are the union of its pieces' keys.
-    pieces, owner = _pieces(buckets, set(closed_months()), zone)
+    closed = closed_months()
+    pieces, owner = _pieces(buckets, set(closed), zone)
     mixed = len(pieces) > len(buckets)
-    closes = bucket_closes(start, end, pieces)
+    closes = bucket_closes(start, end, pieces, closed)
     if closes is None:
         return None
     starts = [b.start for b in pieces]
@@ -242,7 +243,7 @@ def _pieces(
         while day < last:
             edges.append(day)
             day = month_after(day)
-        if len(edges) == 1 or len({e.replace(day=1) in closed for e in edges}) == 1:
+        if len({e.replace(day=1) in closed for e in edges}) == 1:  # wholly open or closed
             pieces.append(bucket)
             owner.append(j)
             continue
