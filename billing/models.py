@@ -151,6 +151,13 @@ class MonthClose(models.Model):
     # Whether the close stored its day rows by price class too (``ClosedClassDay``; on
     # PostgreSQL, where pages read by class): readers sum its day rows themselves otherwise.
     by_class = models.BooleanField(default=False)
+    # PostgreSQL: the oldest transaction still running when the close began reading
+    # (``pg_snapshot_xmin``, an xid8) and the cluster's system identifier. A monthly row
+    # last written by an older transaction was seen by the close as it is, so a page that
+    # looks for the month's late data need not compare its sums (``closing._unmoved_gpus``);
+    # null elsewhere, and for closes made before these were kept.
+    snapshot_xmin = models.BigIntegerField(null=True, blank=True)
+    snapshot_system = models.BigIntegerField(null=True, blank=True)
     reopened_at = models.DateTimeField(null=True, blank=True)
     reopened_by = models.CharField(max_length=150, blank=True)
     reopen_reason = models.TextField(blank=True)
@@ -223,6 +230,14 @@ class ClosedSegment(ClosedFigures):
                 include=["gpu", "close", "node_id_at", "pool_id_at", "team_id_at", "site_id_at"],
                 condition=models.Q(adjusts__isnull=True, whole_month=False),
                 name="billing_closedseg_day_keys",
+            ),
+            # The rows a read of whole closed months takes (``closing._closed_run``): the
+            # month rows and the adjustments carried, 1 in 30 of the rows at most, without
+            # scanning the day rows beside them.
+            models.Index(
+                fields=["day"],
+                condition=models.Q(whole_month=True) | models.Q(adjusts__isnull=False),
+                name="billing_closedseg_month_rows",
             ),
         ]
 

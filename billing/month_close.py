@@ -21,7 +21,14 @@ from django.utils import timezone
 
 from billing.models import ClosedClassDay, ClosedSegment, MonthClose
 from billing.selectors.calendar import month_after
-from billing.selectors.closing import _AT, _TERMS, class_days_store, compute, segment_columns
+from billing.selectors.closing import (
+    _AT,
+    _TERMS,
+    class_days_store,
+    close_snapshot,
+    compute,
+    segment_columns,
+)
 from billing.selectors.types import Filters, _Computation
 from fleet.models import FleetSettings
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
@@ -101,6 +108,7 @@ def month_close(*, month: dt.date, by: str, now: dt.datetime | None = None) -> C
         )
         if close.closed:
             return CloseResult(close, False, f"{month:%Y-%m} was already closed")
+        close.snapshot_xmin, close.snapshot_system = close_snapshot()
         # The month as it stands, with the adjustments booked in it for late data of
         # earlier closed months: frozen with it.
         computation = compute(

@@ -89,6 +89,7 @@ def _runs(
 
 
 _AT = ("node_id_at", "pool_id_at", "team_id_at", "site_id_at")
+_S_FIELDS = [(f, f"s_{f}") for f in _SUM_FIELDS]  # each sum and its column in a read
 _TERMS = ("rate", "kind", "site_name", "pue", "price_per_kwh", "grid_g_per_kwh")
 
 
@@ -152,9 +153,13 @@ def frozen_segments(
     if read is None:
         read = _frozen_rows(summed, by_class=classes is not None)
     stand_ins: dict[tuple[Any, ...], _GpuInfo] = {}
+    priced_at: dict[
+        tuple[Any, ...], tuple[cm.CostTerms | None, tuple[Decimal, Decimal, Decimal]]
+    ] = {}
     sites: dict[tuple[Any, ...], _SiteTerms] = {}
     names = loaded.names
     out: list[_Segment] = []
+    unfiltered = filters == Filters()
     for row in read:
         if classes is not None:
             if row["klass"] < 0:  # GPUs not in the computation (not filtered in SQL: the
@@ -169,13 +174,12 @@ def frozen_segments(
         place = (row.get("klass", owner.id), row["rate"], kind)
         stand_in = stand_ins.get(place)
         if stand_in is None:
-            rate = Decimal(row["rate"])
-            stand_in = stand_ins[place] = dataclasses.replace(
-                owner,
-                terms=cm.CostTerms(kind=kind) if kind else None,
-                rates=(rate, rate, rate),
-                boundary_hour=None,
-            )
+            priced = priced_at.get(place[1:])
+            if priced is None:  # a few per query: each parsed once
+                rate = Decimal(row["rate"])
+                terms_at = cm.CostTerms(kind=kind) if kind else None
+                priced = priced_at[place[1:]] = (terms_at, (rate, rate, rate))
+            stand_in = stand_ins[place] = owner.standing_in(*priced)
         terms = (row["site_name"], row["pue"], row["price_per_kwh"], row["grid_g_per_kwh"])
         site_terms = sites.get(terms)
         if site_terms is None:  # a few per query: each parsed once
@@ -195,14 +199,18 @@ def frozen_segments(
             pool_id=row["pool_id_at"],
             team_id=row["team_id_at"],
             site_id=row["site_id_at"],
-            sums={f: sign * (row[f"s_{f}"] or 0.0) for f in _SUM_FIELDS},
+            sums=(
+                {f: row[s_f] or 0.0 for f, s_f in _S_FIELDS}
+                if sign > 0
+                else {f: -(row[s_f] or 0.0) for f, s_f in _S_FIELDS}
+            ),
             offline_h=sign * (row["s_offline_h"] or Decimal(0)),
             site_terms=site_terms,
             adjusts=carried if sign > 0 else (adjusts or carried or day),
             # Negated, a class's GPUs have no capacity in it (as one GPU's own sign says).
             gpu_ids=None if ids is None else (set(ids) if sign > 0 else set()),
         )
-        if _segment_kept(segment, filters, names):
+        if unfiltered or _segment_kept(segment, filters, names):
             out.append(segment)
     missing = {s.node_id for s in out if s.node_id is not None} - names.nodes.keys()
     if missing:  # nodes a GPU has since left
@@ -640,6 +648,9 @@ def _closed_run(start: dt.date, end: dt.date, *, months: bool) -> Q:
     if not months or last <= first:
         return days
     inside = Q(day__gte=first, day__lt=last)
+    carried_or_month = Q(whole_month=True) | Q(adjusts__isnull=False)
+    if (first, last) == (start, end):  # whole months only: read by their partial index
+        return inside & carried_or_month
     return (Q(whole_month=True) & inside) | (days & (~inside | Q(adjusts__isnull=False)))
 
 
@@ -746,6 +757,103 @@ _MOVED_FEW_SQL = _MOVED_TEMPLATE.format(
 )
 
 
+# The rows ``_MOVED_SQL`` gives, for the GPUs whose monthly rows were all last written
+# before the month's close began (their xmin, an xid made whole with the epoch of now, older
+# than the close's oldest running transaction): the close saw those rows as they are, so
+# their sums equal the frozen ones (``moved`` false) wherever each side has its attribution;
+# where one side lacks it, moved unless the frozen row is all zeros (as ``_MOVED_SQL`` finds
+# a live row against none). Every other GPU is named ``touched``: a monthly row written
+# since (or while) it closed, an adjustment a later close carried for the month, or frozen
+# rows at more than one set of terms (it appears twice). A raw xmin made whole is never
+# older than the row's write, so a row written since the close is always touched.
+_UNTOUCHED_TEMPLATE = """
+WITH cur AS (
+    SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x
+), live AS (
+    SELECT m.gpu_id, m.node_id, m.pool_id, m.team_id, m.site_id,
+           m.observed_s::float8 AS observed_s,
+           ((CASE WHEN m.xmin::text::bigint <= (cur.x & 4294967295) THEN cur.x >> 32
+                  ELSE (cur.x >> 32) - 1 END) << 32 | m.xmin::text::bigint)
+               >= %(xmin)s AS new
+    FROM telemetry_monthlyusage m, cur
+    WHERE m.month = %(month)s
+), frozen AS (
+    SELECT s.gpu_id, s.node_id_at AS node_id, s.pool_id_at AS pool_id,
+           s.team_id_at AS team_id, s.site_id_at AS site_id, s.offline_h::float8 AS offline_h,
+           s.rate, s.kind, s.site_name, s.pue, s.price_per_kwh, s.grid_g_per_kwh,
+           ({zero}) = 0 AS zero
+    FROM billing_closedsegment s
+    WHERE s.close_id = %(close)s AND s.whole_month AND s.day = %(month)s
+), carried AS (
+    SELECT DISTINCT s.gpu_id FROM billing_closedsegment s
+    JOIN billing_monthclose c ON c.id = s.close_id
+    WHERE c.closed AND NOT s.whole_month AND s.adjusts >= %(month)s AND s.adjusts < %(end)s
+)
+SELECT coalesce(l.gpu_id, f.gpu_id), coalesce(l.node_id, f.node_id),
+       coalesce(l.pool_id, f.pool_id), coalesce(l.team_id, f.team_id),
+       coalesce(l.site_id, f.site_id), f.gpu_id IS NULL OR (l.gpu_id IS NULL AND NOT f.zero),
+       coalesce(l.observed_s, 0), f.offline_h, abs(f.offline_h),
+       CASE WHEN f.gpu_id IS NULL THEN 0 ELSE 1 END, f.rate, f.kind, f.site_name, f.pue,
+       f.price_per_kwh, f.grid_g_per_kwh,
+       coalesce(l.new, false) OR c.gpu_id IS NOT NULL AS touched
+FROM live l FULL JOIN frozen f
+  ON l.gpu_id = f.gpu_id AND coalesce(l.node_id, 0) = coalesce(f.node_id, 0)
+ AND coalesce(l.pool_id, 0) = coalesce(f.pool_id, 0)
+ AND coalesce(l.team_id, 0) = coalesce(f.team_id, 0)
+ AND coalesce(l.site_id, 0) = coalesce(f.site_id, 0)
+LEFT JOIN carried c ON c.gpu_id = coalesce(l.gpu_id, f.gpu_id)
+"""
+_UNTOUCHED_SQL = _UNTOUCHED_TEMPLATE.format(zero=" + ".join(f"abs(s.{f})" for f in _SUM_FIELDS))
+
+
+def close_snapshot() -> tuple[int | None, int | None]:
+    """(the oldest transaction running now, the cluster's system identifier): what a close
+    keeps (``MonthClose.snapshot_xmin``, ``snapshot_system``) before it reads; (None, None)
+    off PostgreSQL."""
+    if connection.vendor != "postgresql":
+        return None, None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, system_identifier"
+            " FROM pg_control_system()"
+        )
+        xmin, system = cursor.fetchone()
+    return int(xmin), int(system)
+
+
+# The month's close and its snapshot, where it was taken on this cluster (a replica shares
+# its primary's identifier and transaction ids; a restored dump or an upgrade does not).
+_STAMP_SQL = """
+SELECT c.id, c.snapshot_xmin FROM billing_monthclose c, pg_control_system() s
+WHERE c.month = %s AND c.closed AND c.snapshot_xmin IS NOT NULL
+  AND c.snapshot_system = s.system_identifier
+"""
+
+
+def _untouched_rows(month: dt.date, whole_gpus: set[int]) -> tuple[list[Any], set[int]] | None:
+    """``_MOVED_SQL``'s rows for the GPUs of ``whole_gpus`` that nothing touched since the
+    month closed (``_UNTOUCHED_SQL``), and the GPUs that something did; None where the close
+    kept no snapshot of this cluster (made before it kept one, or elsewhere): then every GPU
+    is compared."""
+    if connection.vendor != "postgresql":
+        return None
+    with read_cursor(binary=True, large=True) as cursor:
+        cursor.execute(_STAMP_SQL, [month])
+        stamp = cursor.fetchone()
+        if stamp is None:
+            return None
+        params = {"month": month, "end": month_after(month), "close": stamp[0]}
+        cursor.execute(_UNTOUCHED_SQL, {**params, "xmin": stamp[1]})
+        found = [row for row in cursor.fetchall() if row[0] in whole_gpus]
+    touched = {row[0] for row in found if row[-1]}
+    seen: set[tuple[Any, ...]] = set()
+    for row in found:  # frozen rows at two sets of terms for one attribution: compared
+        if row[:5] in seen:
+            touched.add(row[0])
+        seen.add(row[:5])
+    return [row[:-1] for row in found if row[0] not in touched], touched
+
+
 def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[int]:
     """The GPUs of ``whole_gpus`` whose late data for closed ``month`` is nil: ``late_data``
     would net their live and frozen segments to nothing (every sum and the offline hours
@@ -754,7 +862,12 @@ def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[
     offline hours (capacity less observed, at the GPU's current attribution) and the terms
     (its rate and kind now, its site's terms now) are compared here. A GPU with frozen rows
     at more than one set of terms, or an attribution on one side only, counts as moved: the
-    exact path nets it."""
+    exact path nets it.
+
+    Where the close kept its snapshot, the sums of the GPUs whose monthly rows nothing wrote
+    since are not compared (the close saw them as they are: ``_untouched_rows``), only
+    their offline hours and terms; the statement compares the others' (the GPUs late data
+    touched, a few as a rule)."""
     if not whole_gpus:
         return set()
     end = month_after(month)
@@ -763,13 +876,19 @@ def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[
     # Every whole GPU's capacity, all month. The offline hours are compared in floats: their
     # rounding is far inside the allowance.
     capacity_h = float(cm.hours_between(start=first, end=last))
-    params: dict[str, Any] = {"month": month, "end": end}
-    sql = _MOVED_SQL
-    if len(whole_gpus) <= _FEW_MOVED:
-        sql, params["ids"] = _MOVED_FEW_SQL, array_literal(sorted(whole_gpus))
-    with read_cursor(binary=True, large=True) as cursor:
-        cursor.execute(sql, params)
-        rows = [row for row in cursor.fetchall() if row[0] in whole_gpus]
+    rows: list[Any] = []
+    compared = whole_gpus
+    untouched = _untouched_rows(month, whole_gpus)
+    if untouched is not None:
+        rows, compared = untouched[0], untouched[1]
+    if compared:
+        params: dict[str, Any] = {"month": month, "end": end}
+        sql = _MOVED_SQL
+        if len(compared) <= _FEW_MOVED:
+            sql, params["ids"] = _MOVED_FEW_SQL, array_literal(sorted(compared))
+        with read_cursor(binary=True, large=True) as cursor:
+            cursor.execute(sql, params)
+            rows += [row for row in cursor.fetchall() if row[0] in compared]
     moved: set[int] = set()
     observed_h: dict[int, float] = defaultdict(float)
     frozen_offline: dict[int, list[tuple[tuple[Any, ...], float, float]]] = defaultdict(list)

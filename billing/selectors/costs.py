@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import reduce
-from operator import add, itemgetter
+from operator import add, attrgetter, itemgetter
 
 from billing import cost_model as cm
 from billing.selectors.calendar import _buckets
@@ -67,20 +67,23 @@ def _group_of(
 def _accumulate(acc: _Acc, segment: _Segment, names: _NamesAndSiteTerms) -> None:
     """Add one segment's hours and money to ``acc``, and its GPU to the row's GPUs where it
     has capacity."""
-    if _priced_into(acc, segment, names) > 0:
+    site = segment.site_terms or names.site(segment.site_id)
+    if _priced_into(acc, segment, segment.sums, segment.offline_h, site) > 0:
         acc.gpu_ids.add(segment.gpu.id)
 
 
-def _priced_into(acc: _Acc, segment: _Segment, names: _NamesAndSiteTerms) -> Decimal:
-    """Add one segment's hours and money to ``acc`` (not its GPU): every figure from
-    ``billing.cost_model`` (the site's PUE, tariff and grid intensity are ``Decimal``
-    already; the rollup sums are converted once each). Returns its capacity hours."""
-    gpu, sums = segment.gpu, segment.sums
-    site = segment.site_terms or names.site(segment.site_id)
+def _priced_into(
+    acc: _Acc, segment: _Segment, sums: dict[str, float], offline_h: Decimal, site: _SiteTerms
+) -> Decimal:
+    """Add the hours and money of ``sums`` and ``offline_h`` (one segment's, or a price
+    class's added up) to ``acc`` (not its GPU), at the GPU, phase and ``site`` terms of
+    ``segment``: every figure from ``billing.cost_model`` (the site's PUE, tariff and grid
+    intensity are ``Decimal`` already; the rollup sums are converted once each). Returns
+    the capacity hours."""
+    gpu = segment.gpu
     rate = gpu.rates[segment.phase]
     terms = gpu.terms
     kind = gpu.kind
-    offline_h = segment.offline_h
     capacity_h, energy_kwh, idle_energy_kwh, fixed, energy, idle, co2e, profiled = cm.segment_costs(
         kind,
         rate,
@@ -162,19 +165,24 @@ def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Ac
             found[1].append(segment)
     for site, members in classes.values():
         # A class of one segment (a GPU's row, as a rule) is priced as it is: the same
-        # figures as its merged copy, without the copy.
-        _priced_into(acc, members[0] if len(members) == 1 else _merged(members, site), names)
+        # figures as its members added up, without adding.
+        first = members[0]
+        if len(members) == 1:
+            _priced_into(acc, first, first.sums, first.offline_h, site)
+        else:
+            _priced_into(acc, first, *_merged(members), site)
     return acc
 
 
-def _merged(members: list[_Segment], site: _SiteTerms) -> _Segment:
-    """One segment standing for ``members`` (of one price class): their sums and offline
-    hours added in their order (each sum a left fold from the first member's). A large class
-    (a team's GPUs) is folded in C a field at a time: the same floats as adding them one by
-    one, without a Python loop per member."""
+def _merged(members: list[_Segment]) -> tuple[dict[str, float], Decimal]:
+    """The sums and offline hours of ``members`` (of one price class) added in their order
+    (each sum a left fold from the first member's). A large class (a team's GPUs) is folded
+    in C a field at a time: the same floats as adding them one by one, without a Python
+    loop per member."""
     first, rest = members[0], members[1:]
-    sums, offline_h = dict(first.sums), first.offline_h
+    offline_h = first.offline_h
     if len(rest) < _FOLD_FROM:
+        sums = dict(first.sums)
         for member in rest:
             found = member.sums
             for name in _SUM_FIELDS:
@@ -182,10 +190,10 @@ def _merged(members: list[_Segment], site: _SiteTerms) -> _Segment:
             offline_h += member.offline_h
     else:
         dicts = [m.sums for m in rest]
-        for name, get in _GETTERS:
-            sums[name] = reduce(add, map(get, dicts), sums[name])
+        start = first.sums
+        sums = {name: reduce(add, map(get, dicts), start[name]) for name, get in _GETTERS}
         offline_h = reduce(add, (m.offline_h for m in rest), offline_h)
-    return dataclasses.replace(first, sums=sums, offline_h=offline_h, site_terms=site)
+    return sums, offline_h
 
 
 _FOLD_FROM = 16  # members beyond the first from which a field-at-a-time fold is faster
@@ -335,7 +343,16 @@ def _groups(computation: _Computation, group_by: str) -> list[_Group]:
     month. An adjustment is accumulated here (it is a row only where it is not negligible);
     every other group is priced only when its row is made (``_row``), so a page prices only
     the rows it shows."""
-    groups: dict[tuple[_Bucket, str, str | None], _Group] = {}
+    return _kept(_grouped(computation, group_by).values(), computation.names)
+
+
+_GroupKey = tuple[_Bucket, str, str | None]
+
+
+def _grouped(computation: _Computation, group_by: str) -> dict[_GroupKey, _Group]:
+    """Every group of the computation's segments, negligible adjustments too, in the order
+    their first segments come."""
+    groups: dict[_GroupKey, _Group] = {}
     names = computation.names
     for segment in computation.segments:
         key, name = _group_of(segment.gpu, segment, group_by, names)
@@ -346,10 +363,16 @@ def _groups(computation: _Computation, group_by: str) -> list[_Group]:
                 segment.bucket, key, name, adjusts, []
             )
         found.segments.append(segment)
+    return groups
+
+
+def _kept(groups: Iterable[_Group], names: _NamesAndSiteTerms) -> list[_Group]:
+    """The groups that are rows (an adjustment only where it is not negligible: accumulated
+    here to tell), in the rows' order."""
     kept = []
-    for entry in groups.values():
+    for entry in groups:
         if entry.adjusts is not None:
-            entry.acc = _accumulated(entry.segments, computation.names)
+            entry.acc = entry.acc or _accumulated(entry.segments, names)
             if adjustment_negligible(entry.acc):
                 continue
         kept.append(entry)
@@ -732,7 +755,7 @@ def _row_acc(
     computation: _Computation,
     spans: dict[tuple[dt.date, dt.date], set[int]],
 ) -> _Acc:
-    acc = entry.acc or _accumulated(entry.segments, computation.names)
+    acc = entry.acc = entry.acc or _accumulated(entry.segments, computation.names)
     for (first, last), ids in spans.items():
         if first <= entry.bucket.key < last:
             acc.gpu_ids |= ids
@@ -777,10 +800,17 @@ def cost_rows_deferred_by(
     ``row()`` (``[d.row() for d in rows]`` is ``cost_rows_by``'s list)."""
     computation = _grouped_compute(start, end, group_bys, period, filters, now)
     spans = computation.pooled
+    by_gpu = _grouped(computation, "gpu") if "gpu" in group_bys else None
     out: dict[str, list[DeferredRow]] = {}
     for group_by in group_bys:
         rows = out[group_by] = []
-        for entry in _groups(computation, group_by):
+        if by_gpu is not None and group_by == "gpu":
+            groups = _kept(by_gpu.values(), computation.names)
+        elif by_gpu is not None and group_by in _OF_THE_GPU:
+            groups = _gpus_grouped(by_gpu, group_by, computation.names)
+        else:
+            groups = _groups(computation, group_by)
+        for entry in groups:
             acc = _row_acc(entry, computation, spans)
             lead = _lead(acc)
             rows.append(
@@ -799,6 +829,58 @@ def cost_rows_deferred_by(
                 )
             )
     return out
+
+
+# Groupings by what a GPU is, whatever its attribution: each group is a set of GPUs' groups.
+_OF_THE_GPU = ("model", "fleet")
+
+
+def _gpus_grouped(
+    by_gpu: dict[_GroupKey, _Group], group_by: str, names: _NamesAndSiteTerms
+) -> list[_Group]:
+    """The rows of ``group_by`` (one of ``_OF_THE_GPU``) made of the computation's GPU
+    groups (``_grouped(computation, "gpu")``, negligible adjustments too), each GPU's money
+    accumulated once: a row's is the sum of its GPUs' (``_acc_sum``), not the cost model
+    run again over their segments. Every figure is linear in the segments' sums, so these
+    are the rows of ``_groups(computation, group_by)`` up to the last digits of float and
+    28-digit Decimal sums taken in another order. The GPU groups keep their accumulation
+    (their own rows use it)."""
+    members: dict[_GroupKey, list[_Group]] = {}
+    out: dict[_GroupKey, _Group] = {}
+    for gpu_entry in by_gpu.values():
+        first = gpu_entry.segments[0]
+        key, name = _group_of(first.gpu, first, group_by, names)
+        place = (gpu_entry.bucket, key, gpu_entry.adjusts)
+        found = members.get(place)
+        if found is None:
+            found = members[place] = []
+            out[place] = _Group(gpu_entry.bucket, key, name, gpu_entry.adjusts, [])
+        gpu_entry.acc = gpu_entry.acc or _accumulated(gpu_entry.segments, names)
+        found.append(gpu_entry)
+        out[place].segments += gpu_entry.segments
+    for place, entry in out.items():
+        entry.acc = _acc_sum([m.acc for m in members[place] if m.acc is not None])
+    return _kept(out.values(), names)
+
+
+def _acc_sum(accs: list[_Acc]) -> _Acc:
+    """Accumulations added up, into a new one: every field is a sum, each a left fold from
+    zero in their order (in C a field at a time, as ``_merged`` folds); the GPUs a union,
+    ``priced`` whether all are."""
+    total = _Acc()
+    total.gpu_ids = set().union(*(acc.gpu_ids for acc in accs))
+    sums = [acc.sums for acc in accs]
+    total.sums = {name: reduce(add, map(get, sums), 0.0) for name, get in _GETTERS}
+    for name in _ACC_SUMS:
+        setattr(total, name, reduce(add, map(attrgetter(name), accs), getattr(total, name)))
+    total.priced = all(acc.priced for acc in accs)
+    return total
+
+
+# The fields of an accumulation that are sums (beside ``sums``, ``gpu_ids`` and ``priced``).
+_ACC_SUMS = [
+    f.name for f in dataclasses.fields(_Acc) if f.name not in ("gpu_ids", "sums", "priced")
+]
 
 
 def fleet_trend(

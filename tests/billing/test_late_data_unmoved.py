@@ -148,3 +148,106 @@ def _air_before(gpus: dict[str, Any]) -> float:
     hour = (at("2026-03-05T10") - at("2026-03-01T00")) // dt.timedelta(hours=1)
     observed = 3600.0 if hour % 5 else 1800.0
     return observed * _wave(0, hour) / 3600
+
+
+@needs_postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("change", "unmoved"), CASES, ids=[c.__name__ for c, _ in CASES])
+def test_a_close_s_snapshot_spares_comparing_what_nothing_wrote_since(
+    awkward: dict[str, Any],  # noqa: F811 (the fixture)
+    change: Callable[[dict[str, Any]], None],
+    unmoved: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same cases, each step committed (as a close, a rollup and a page are in
+    production): the close keeps its snapshot, and the late-data check compares the sums
+    of the GPUs whose monthly rows were written since, only those of "steady" after its
+    late hour (what ``_late_rows`` rolled up); the others' offline hours and terms alone.
+    The GPUs found unmoved and the adjustments are those of the test above: the exact
+    path's."""
+    touched: list[set[str]] = []
+    names = {gpu.pk: name for name, gpu in awkward.items()}
+    untouched_rows = closing._untouched_rows
+
+    def recorded(month: dt.date, whole_gpus: set[int]) -> Any:
+        found = untouched_rows(month, whole_gpus)
+        assert found is not None  # the close's snapshot is this cluster's
+        touched.append({names[i] for i in found[1]})
+        return found
+
+    monkeypatch.setattr(closing, "_untouched_rows", recorded)
+    test_only_the_gpus_that_moved_are_computed_and_their_late_data_is_exact(
+        awkward, change, unmoved, monkeypatch
+    )
+    from billing.models import MonthClose
+
+    close = MonthClose.objects.get(month=MARCH_1)
+    assert close.snapshot_xmin and close.snapshot_system
+    assert touched and all(t == ({"steady"} if change is _late_rows else set()) for t in touched)
+
+
+@needs_postgres
+def test_a_close_without_a_snapshot_of_this_cluster_compares_every_gpu(
+    awkward: dict[str, Any],  # noqa: F811 (the fixture)
+) -> None:
+    """A close kept on another cluster (a restored dump: its transaction ids are not this
+    one's), or made before closes kept a snapshot: no GPU is spared the comparison."""
+    from billing.models import MonthClose
+    from billing.month_close import month_close
+
+    with time_machine.travel(NOW, tick=False):
+        month_close(month=MARCH_1, by="test")
+    gpus = {gpu.pk for gpu in awkward.values()}
+    assert closing._untouched_rows(MARCH_1, gpus) is not None
+    MonthClose.objects.filter(month=MARCH_1).update(snapshot_system=1)
+    assert closing._untouched_rows(MARCH_1, gpus) is None
+    MonthClose.objects.filter(month=MARCH_1).update(snapshot_xmin=None, snapshot_system=None)
+    assert closing._untouched_rows(MARCH_1, gpus) is None
+
+
+@needs_postgres
+@pytest.mark.django_db(transaction=True)
+def test_adjustments_a_later_close_carried_are_compared(
+    awkward: dict[str, Any],  # noqa: F811 (the fixture)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """iad1's tariff raised after March closed, April closed (carrying March's adjustment
+    for "mover", in iad1 until 5 March), then the tariff put back: nothing wrote a monthly
+    row since March closed, yet March is due the carried adjustment's reverse. "mover" is
+    touched (a carried adjustment), so its sums are compared; the adjustments booked in May
+    are the exact path's."""
+    from billing.month_close import month_close
+    from fleet.models import Site
+
+    iad = Site.objects.filter(name="iad1")
+    with time_machine.travel(NOW, tick=False):
+        month_close(month=MARCH_1, by="test")
+    iad.update(price_per_kwh=Decimal("0.15"))
+    may_2 = at("2026-05-02T00")
+    with time_machine.travel(may_2, tick=False):
+        month_close(month=dt.date(2026, 4, 1), by="test")
+    iad.update(price_per_kwh=Decimal("0.09"))
+    touched: list[set[int]] = []
+    untouched_rows = closing._untouched_rows
+
+    def recorded(month: dt.date, whole_gpus: set[int]) -> Any:
+        found = untouched_rows(month, whole_gpus)
+        assert found is not None
+        if month == MARCH_1:  # (April's is checked too: nothing carried for it)
+            touched.append(found[1])
+        return found
+
+    query: dict[str, Any] = {"start": MARCH_1, "end": dt.date(2026, 6, 1), "now": may_2}
+    with time_machine.travel(may_2, tick=False):
+        monkeypatch.setattr(closing, "_untouched_rows", recorded)
+        booked = selectors.cost_rows(**query, group_by="gpu", period="month")
+        monkeypatch.setattr(closing, "_unmoved_gpus", lambda *args: set())
+        exact = selectors.cost_rows(**query, group_by="gpu", period="month")
+    assert touched and all(awkward["mover"].pk in t for t in touched)
+    got = {(r.key, r.adjustment_for): r for r in booked if r.adjustment_for}
+    want = {(r.key, r.adjustment_for): r for r in exact if r.adjustment_for}
+    assert ("GPU-mover", "2026-03") in want
+    assert set(got) == set(want)
+    for key, row in want.items():
+        assert abs(got[key].energy_cost - row.energy_cost) <= Decimal("0.01")
+        assert abs(got[key].total_cost - row.total_cost) <= Decimal("0.01")
