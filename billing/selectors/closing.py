@@ -776,18 +776,19 @@ WITH cur AS (
                   ELSE (cur.x >> 32) - 1 END) << 32 | m.xmin::text::bigint)
                >= %(xmin)s AS new
     FROM telemetry_monthlyusage m, cur
-    WHERE m.month = %(month)s
+    WHERE m.month = %(month)s {live_ids}
 ), frozen AS (
     SELECT s.gpu_id, s.node_id_at AS node_id, s.pool_id_at AS pool_id,
            s.team_id_at AS team_id, s.site_id_at AS site_id, s.offline_h::float8 AS offline_h,
            s.rate, s.kind, s.site_name, s.pue, s.price_per_kwh, s.grid_g_per_kwh,
            ({zero}) = 0 AS zero
     FROM billing_closedsegment s
-    WHERE s.close_id = %(close)s AND s.whole_month AND s.day = %(month)s
+    WHERE s.close_id = %(close)s AND s.whole_month AND s.day = %(month)s {frozen_ids}
 ), carried AS (
     SELECT DISTINCT s.gpu_id FROM billing_closedsegment s
     JOIN billing_monthclose c ON c.id = s.close_id
     WHERE c.closed AND NOT s.whole_month AND s.adjusts >= %(month)s AND s.adjusts < %(end)s
+      {frozen_ids}
 )
 SELECT coalesce(l.gpu_id, f.gpu_id), coalesce(l.node_id, f.node_id),
        coalesce(l.pool_id, f.pool_id), coalesce(l.team_id, f.team_id),
@@ -803,7 +804,13 @@ FROM live l FULL JOIN frozen f
  AND coalesce(l.site_id, 0) = coalesce(f.site_id, 0)
 LEFT JOIN carried c ON c.gpu_id = coalesce(l.gpu_id, f.gpu_id)
 """
-_UNTOUCHED_SQL = _UNTOUCHED_TEMPLATE.format(zero=" + ".join(f"abs(s.{f})" for f in _SUM_FIELDS))
+_UNTOUCHED_ZERO = " + ".join(f"abs(s.{f})" for f in _SUM_FIELDS)
+_UNTOUCHED_SQL = _UNTOUCHED_TEMPLATE.format(zero=_UNTOUCHED_ZERO, live_ids="", frozen_ids="")
+_UNTOUCHED_FEW_SQL = _UNTOUCHED_TEMPLATE.format(  # a few GPUs (``_FEW_MOVED``): theirs only
+    zero=_UNTOUCHED_ZERO,
+    live_ids="AND m.gpu_id = ANY(%(ids)s::bigint[])",
+    frozen_ids="AND s.gpu_id = ANY(%(ids)s::bigint[])",
+)
 
 
 def close_snapshot() -> tuple[int | None, int | None]:
@@ -842,8 +849,11 @@ def _untouched_rows(month: dt.date, whole_gpus: set[int]) -> tuple[list[Any], se
         stamp = cursor.fetchone()
         if stamp is None:
             return None
-        params = {"month": month, "end": month_after(month), "close": stamp[0]}
-        cursor.execute(_UNTOUCHED_SQL, {**params, "xmin": stamp[1]})
+        params = {"month": month, "end": month_after(month), "close": stamp[0], "xmin": stamp[1]}
+        sql = _UNTOUCHED_SQL
+        if len(whole_gpus) <= _FEW_MOVED:
+            sql, params["ids"] = _UNTOUCHED_FEW_SQL, array_literal(sorted(whole_gpus))
+        cursor.execute(sql, params)
         found = [row for row in cursor.fetchall() if row[0] in whole_gpus]
     touched = {row[0] for row in found if row[-1]}
     seen: set[tuple[Any, ...]] = set()

@@ -152,11 +152,13 @@ def _air_before(gpus: dict[str, Any]) -> float:
 
 @needs_postgres
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("few", [True, False], ids=["their-rows", "every-row"])
 @pytest.mark.parametrize(("change", "unmoved"), CASES, ids=[c.__name__ for c, _ in CASES])
 def test_a_close_s_snapshot_spares_comparing_what_nothing_wrote_since(
     awkward: dict[str, Any],  # noqa: F811 (the fixture)
     change: Callable[[dict[str, Any]], None],
     unmoved: set[str],
+    few: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The same cases, each step committed (as a close, a rollup and a page are in
@@ -164,7 +166,10 @@ def test_a_close_s_snapshot_spares_comparing_what_nothing_wrote_since(
     of the GPUs whose monthly rows were written since, only those of "steady" after its
     late hour (what ``_late_rows`` rolled up); the others' offline hours and terms alone.
     The GPUs found unmoved and the adjustments are those of the test above: the exact
-    path's."""
+    path's. The statements read the rows of the GPUs checked (a few), or every GPU's (as
+    beyond ``_FEW_MOVED``)."""
+    if not few:
+        monkeypatch.setattr(closing, "_FEW_MOVED", 0)
     touched: list[set[str]] = []
     names = {gpu.pk: name for name, gpu in awkward.items()}
     untouched_rows = closing._untouched_rows
