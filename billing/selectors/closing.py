@@ -648,9 +648,8 @@ def _closed_run(start: dt.date, end: dt.date, *, months: bool) -> Q:
     if not months or last <= first:
         return days
     inside = Q(day__gte=first, day__lt=last)
-    carried_or_month = Q(whole_month=True) | Q(adjusts__isnull=False)
     if (first, last) == (start, end):  # whole months only: read by their partial index
-        return inside & carried_or_month
+        return inside & (Q(whole_month=True) | Q(adjusts__isnull=False))
     return (Q(whole_month=True) & inside) | (days & (~inside | Q(adjusts__isnull=False)))
 
 
@@ -731,13 +730,17 @@ SELECT coalesce(l.gpu_id, f.gpu_id), coalesce(l.node_id, f.node_id),
        coalesce(l.site_id, f.site_id), NOT ({equal}) AS moved,
        coalesce(l.observed_s, 0), f.offline_h, f.offline_max, coalesce(f.terms, 0), f.rate,
        f.kind, f.site_name, f.pue, f.price_per_kwh, f.grid_g_per_kwh
-FROM live l FULL JOIN frozen f
+{paired}
+"""
+# The live and frozen rows of one GPU and attribution side by side (``_MOVED_TEMPLATE`` and
+# ``_UNTOUCHED_TEMPLATE``).
+_PAIRED = """FROM live l FULL JOIN frozen f
   ON l.gpu_id = f.gpu_id AND coalesce(l.node_id, 0) = coalesce(f.node_id, 0)
  AND coalesce(l.pool_id, 0) = coalesce(f.pool_id, 0)
  AND coalesce(l.team_id, 0) = coalesce(f.team_id, 0)
- AND coalesce(l.site_id, 0) = coalesce(f.site_id, 0)
-"""
+ AND coalesce(l.site_id, 0) = coalesce(f.site_id, 0)"""
 _MOVED_PARTS = dict(
+    paired=_PAIRED,
     live_sums=", ".join(f"sum({f})::float8 AS {f}" for f in _SUM_FIELDS),
     frozen_sums=", ".join(
         f"sum(s.{f})::float8 AS {f}, max(abs(s.{f}))::float8 AS {f}_max" for f in _SUM_FIELDS
@@ -797,17 +800,13 @@ SELECT coalesce(l.gpu_id, f.gpu_id), coalesce(l.node_id, f.node_id),
        CASE WHEN f.gpu_id IS NULL THEN 0 ELSE 1 END, f.rate, f.kind, f.site_name, f.pue,
        f.price_per_kwh, f.grid_g_per_kwh,
        coalesce(l.new, false) OR c.gpu_id IS NOT NULL AS touched
-FROM live l FULL JOIN frozen f
-  ON l.gpu_id = f.gpu_id AND coalesce(l.node_id, 0) = coalesce(f.node_id, 0)
- AND coalesce(l.pool_id, 0) = coalesce(f.pool_id, 0)
- AND coalesce(l.team_id, 0) = coalesce(f.team_id, 0)
- AND coalesce(l.site_id, 0) = coalesce(f.site_id, 0)
+{paired}
 LEFT JOIN carried c ON c.gpu_id = coalesce(l.gpu_id, f.gpu_id)
 """
-_UNTOUCHED_ZERO = " + ".join(f"abs(s.{f})" for f in _SUM_FIELDS)
-_UNTOUCHED_SQL = _UNTOUCHED_TEMPLATE.format(zero=_UNTOUCHED_ZERO, live_ids="", frozen_ids="")
+_UNTOUCHED_PARTS = dict(paired=_PAIRED, zero=" + ".join(f"abs(s.{f})" for f in _SUM_FIELDS))
+_UNTOUCHED_SQL = _UNTOUCHED_TEMPLATE.format(**_UNTOUCHED_PARTS, live_ids="", frozen_ids="")
 _UNTOUCHED_FEW_SQL = _UNTOUCHED_TEMPLATE.format(  # a few GPUs (``_FEW_MOVED``): theirs only
-    zero=_UNTOUCHED_ZERO,
+    **_UNTOUCHED_PARTS,
     live_ids="AND m.gpu_id = ANY(%(ids)s::bigint[])",
     frozen_ids="AND s.gpu_id = ANY(%(ids)s::bigint[])",
 )
@@ -837,6 +836,19 @@ WHERE c.month = %s AND c.closed AND c.snapshot_xmin IS NOT NULL
 """
 
 
+def _rows_of(
+    cursor: Any, every: str, few: str, params: dict[str, Any], gpus: set[int]
+) -> list[Any]:
+    """The rows of ``gpus`` that a statement of every GPU's rows gives (``every``), or where
+    they are a few (``_FEW_MOVED``) its twin that reads theirs only (``few``, given them as
+    ``ids``)."""
+    if len(gpus) <= _FEW_MOVED:
+        cursor.execute(few, {**params, "ids": array_literal(sorted(gpus))})
+    else:
+        cursor.execute(every, params)
+    return [row for row in cursor.fetchall() if row[0] in gpus]
+
+
 def _untouched_rows(month: dt.date, whole_gpus: set[int]) -> tuple[list[Any], set[int]] | None:
     """``_MOVED_SQL``'s rows for the GPUs of ``whole_gpus`` that nothing touched since the
     month closed (``_UNTOUCHED_SQL``), and the GPUs that something did; None where the close
@@ -850,11 +862,7 @@ def _untouched_rows(month: dt.date, whole_gpus: set[int]) -> tuple[list[Any], se
         if stamp is None:
             return None
         params = {"month": month, "end": month_after(month), "close": stamp[0], "xmin": stamp[1]}
-        sql = _UNTOUCHED_SQL
-        if len(whole_gpus) <= _FEW_MOVED:
-            sql, params["ids"] = _UNTOUCHED_FEW_SQL, array_literal(sorted(whole_gpus))
-        cursor.execute(sql, params)
-        found = [row for row in cursor.fetchall() if row[0] in whole_gpus]
+        found = _rows_of(cursor, _UNTOUCHED_SQL, _UNTOUCHED_FEW_SQL, params, whole_gpus)
     touched = {row[0] for row in found if row[-1]}
     seen: set[tuple[Any, ...]] = set()
     for row in found:  # frozen rows at two sets of terms for one attribution: compared
@@ -892,13 +900,9 @@ def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[
     if untouched is not None:
         rows, compared = untouched[0], untouched[1]
     if compared:
-        params: dict[str, Any] = {"month": month, "end": end}
-        sql = _MOVED_SQL
-        if len(compared) <= _FEW_MOVED:
-            sql, params["ids"] = _MOVED_FEW_SQL, array_literal(sorted(compared))
         with read_cursor(binary=True, large=True) as cursor:
-            cursor.execute(sql, params)
-            rows += [row for row in cursor.fetchall() if row[0] in compared]
+            params = {"month": month, "end": end}
+            rows += _rows_of(cursor, _MOVED_SQL, _MOVED_FEW_SQL, params, compared)
     moved: set[int] = set()
     observed_h: dict[int, float] = defaultdict(float)
     frozen_offline: dict[int, list[tuple[tuple[Any, ...], float, float]]] = defaultdict(list)

@@ -845,21 +845,21 @@ def _gpus_grouped(
     are the rows of ``_groups(computation, group_by)`` up to the last digits of float and
     28-digit Decimal sums taken in another order. The GPU groups keep their accumulation
     (their own rows use it)."""
-    members: dict[_GroupKey, list[_Group]] = {}
+    accs: dict[_GroupKey, list[_Acc]] = {}
     out: dict[_GroupKey, _Group] = {}
     for gpu_entry in by_gpu.values():
         first = gpu_entry.segments[0]
         key, name = _group_of(first.gpu, first, group_by, names)
         place = (gpu_entry.bucket, key, gpu_entry.adjusts)
-        found = members.get(place)
-        if found is None:
-            found = members[place] = []
-            out[place] = _Group(gpu_entry.bucket, key, name, gpu_entry.adjusts, [])
+        entry = out.get(place)
+        if entry is None:
+            entry = out[place] = _Group(gpu_entry.bucket, key, name, gpu_entry.adjusts, [])
+            accs[place] = []
         gpu_entry.acc = gpu_entry.acc or _accumulated(gpu_entry.segments, names)
-        found.append(gpu_entry)
-        out[place].segments += gpu_entry.segments
+        accs[place].append(gpu_entry.acc)
+        entry.segments += gpu_entry.segments
     for place, entry in out.items():
-        entry.acc = _acc_sum([m.acc for m in members[place] if m.acc is not None])
+        entry.acc = _acc_sum(accs[place])
     return _kept(out.values(), names)
 
 
