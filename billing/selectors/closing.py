@@ -760,15 +760,23 @@ _MOVED_FEW_SQL = _MOVED_TEMPLATE.format(
 )
 
 
-# The rows ``_MOVED_SQL`` gives, for the GPUs whose monthly rows were all last written
-# before the month's close began (their xmin, an xid made whole with the epoch of now, older
-# than the close's oldest running transaction): the close saw those rows as they are, so
-# their sums equal the frozen ones (``moved`` false) wherever each side has its attribution;
-# where one side lacks it, moved unless the frozen row is all zeros (as ``_MOVED_SQL`` finds
-# a live row against none). Every other GPU is named ``touched``: a monthly row written
-# since (or while) it closed, an adjustment a later close carried for the month, or frozen
-# rows at more than one set of terms (it appears twice). A raw xmin made whole is never
-# older than the row's write, so a row written since the close is always touched.
+# What nothing touched since the month closed, judged in SQL: per GPU of the whole ones
+# (``_unmoved_gpus``), given its attribution and price terms now (arrays by GPU id, 0 for
+# none; ``terms`` an index into the few distinct rates and kinds of the fleet, -1 for a GPU
+# not asked about), whose monthly rows were all last written before the month's close began
+# (their xmin, an xid made whole with the epoch of now, older than the close's oldest
+# running transaction). The close saw those rows as they are, so their sums equal the
+# frozen ones wherever each side has its attribution; where one side lacks it, the GPU moved
+# unless the frozen row is all zeros (as ``_MOVED_SQL`` finds a live row against none).
+# Their offline hours are checked here as ``_unmoved_gpus`` checks the others' (capacity
+# less observed, at the attribution now, the same allowance); what is left is their terms, a
+# few distinct ones a fleet: each set of frozen terms comes back once with the GPUs that
+# passed all else (``compared`` 0), checked in Python. The GPUs to compare instead come back
+# by what sent them: 1, touched (a monthly row written since or while the month closed, or
+# an adjustment a later close carried for it); 2, more than one row (an attribution on one
+# side only, more than one attribution in the month, or frozen rows at two sets of terms).
+# A raw xmin made whole is never older than the row's write, so a row written since the
+# close is always touched. Constant column names and the allowance spliced in, no value.
 _UNTOUCHED_TEMPLATE = """
 WITH cur AS (
     SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x
@@ -792,18 +800,37 @@ WITH cur AS (
     JOIN billing_monthclose c ON c.id = s.close_id
     WHERE c.closed AND NOT s.whole_month AND s.adjusts >= %(month)s AND s.adjusts < %(end)s
       {frozen_ids}
+), pairs AS (
+    SELECT coalesce(l.gpu_id, f.gpu_id) AS gpu_id, coalesce(l.node_id, f.node_id) AS node_id,
+           coalesce(l.pool_id, f.pool_id) AS pool_id, coalesce(l.team_id, f.team_id) AS team_id,
+           coalesce(l.site_id, f.site_id) AS site_id,
+           f.gpu_id IS NULL OR (l.gpu_id IS NULL AND NOT f.zero) AS differs,
+           greatest(0, %(capacity)s - coalesce(l.observed_s, 0) / 3600) AS live, f.offline_h,
+           f.rate, f.kind, f.site_name, f.pue, f.price_per_kwh, f.grid_g_per_kwh,
+           CASE WHEN coalesce(l.new, false) OR c.gpu_id IS NOT NULL THEN 1
+                WHEN count(*) OVER (PARTITION BY coalesce(l.gpu_id, f.gpu_id)) > 1 THEN 2
+                ELSE 0 END AS compared
+    {paired}
+    LEFT JOIN carried c ON c.gpu_id = coalesce(l.gpu_id, f.gpu_id)
+), judged AS (
+    SELECT p.*, (%(terms)s::int[])[p.gpu_id - %(base)s] AS terms_now,
+           coalesce(p.node_id, 0) = (%(nodes)s::bigint[])[p.gpu_id - %(base)s]
+           AND coalesce(p.pool_id, 0) = (%(pools)s::bigint[])[p.gpu_id - %(base)s]
+           AND coalesce(p.team_id, 0) = (%(teams)s::bigint[])[p.gpu_id - %(base)s]
+           AND coalesce(p.site_id, 0) = (%(sites)s::bigint[])[p.gpu_id - %(base)s] AS at_now
+    FROM pairs p WHERE p.gpu_id > %(base)s AND p.gpu_id <= %(top)s
 )
-SELECT coalesce(l.gpu_id, f.gpu_id), coalesce(l.node_id, f.node_id),
-       coalesce(l.pool_id, f.pool_id), coalesce(l.team_id, f.team_id),
-       coalesce(l.site_id, f.site_id), f.gpu_id IS NULL OR (l.gpu_id IS NULL AND NOT f.zero),
-       coalesce(l.observed_s, 0), f.offline_h, abs(f.offline_h),
-       CASE WHEN f.gpu_id IS NULL THEN 0 ELSE 1 END, f.rate, f.kind, f.site_name, f.pue,
-       f.price_per_kwh, f.grid_g_per_kwh,
-       coalesce(l.new, false) OR c.gpu_id IS NOT NULL AS touched
-{paired}
-LEFT JOIN carried c ON c.gpu_id = coalesce(l.gpu_id, f.gpu_id)
+SELECT compared, array_agg(gpu_id), site_id, terms_now, rate, kind, site_name, pue,
+       price_per_kwh, grid_g_per_kwh
+FROM judged j, LATERAL (SELECT CASE WHEN at_now THEN live ELSE 0 END AS own) o
+WHERE terms_now >= 0 AND (compared > 0 OR (
+    NOT differs AND (at_now OR live <= {r})
+    AND abs(own - offline_h) <= greatest(abs(own), abs(offline_h)) * {r} + {r}))
+GROUP BY compared, site_id, terms_now, rate, kind, site_name, pue, price_per_kwh, grid_g_per_kwh
 """
-_UNTOUCHED_PARTS = dict(paired=_PAIRED, zero=" + ".join(f"abs(s.{f})" for f in _SUM_FIELDS))
+_UNTOUCHED_PARTS = dict(
+    paired=_PAIRED, zero=" + ".join(f"abs(s.{f})" for f in _SUM_FIELDS), r=repr(_RELATIVE)
+)
 _UNTOUCHED_SQL = _UNTOUCHED_TEMPLATE.format(**_UNTOUCHED_PARTS, live_ids="", frozen_ids="")
 _UNTOUCHED_FEW_SQL = _UNTOUCHED_TEMPLATE.format(  # a few GPUs (``_FEW_MOVED``): theirs only
     **_UNTOUCHED_PARTS,
@@ -849,27 +876,85 @@ def _rows_of(
     return [row for row in cursor.fetchall() if row[0] in gpus]
 
 
-def _untouched_rows(month: dt.date, whole_gpus: set[int]) -> tuple[list[Any], set[int]] | None:
-    """``_MOVED_SQL``'s rows for the GPUs of ``whole_gpus`` that nothing touched since the
-    month closed (``_UNTOUCHED_SQL``), and the GPUs that something did; None where the close
-    kept no snapshot of this cluster (made before it kept one, or elsewhere): then every GPU
-    is compared."""
+def _priced_as_now(
+    site_now: _SiteTerms,
+    rate_now: Decimal,
+    kind_now: str | None,
+    rate: str,
+    kind: str,
+    site_name: str | None,
+    pue: str,
+    price_per_kwh: str,
+    grid_g_per_kwh: str,
+) -> bool:
+    """Whether the terms a close froze (its rate, kind and site terms, as stored) are a GPU's
+    now: its rate and kind, its site's terms (of the frozen row's site)."""
+    return (
+        Decimal(rate) == rate_now
+        and (kind or None) == kind_now
+        and _SiteTerms(site_name, Decimal(pue), Decimal(price_per_kwh), Decimal(grid_g_per_kwh))
+        == site_now
+    )
+
+
+_NOW_COLUMNS = ("nodes", "pools", "teams", "sites", "terms")  # ``_UNTOUCHED_SQL``'s arrays
+
+
+def _untouched(
+    month: dt.date, loaded: _Loaded, whole_gpus: set[int], capacity_h: float
+) -> tuple[set[int], set[int], set[int]] | None:
+    """(the GPUs of ``whole_gpus`` that nothing touched since the month closed and whose
+    late data is nil, the GPUs that something touched, those with more than one
+    attribution in the month: ``_UNTOUCHED_SQL``; the last two are to be compared); None
+    where the close kept no snapshot of this cluster (made before it kept one, or
+    elsewhere): then every GPU is compared. ``capacity_h``: each whole GPU's capacity, all
+    month."""
     if connection.vendor != "postgresql":
         return None
+    first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
+    terms: dict[tuple[Decimal, str | None], int] = {}  # a few distinct terms: each an index
+    # Dense by GPU id (``literals.by_id``): 0 for no node, pool, team or site; -1 for the
+    # terms of a GPU not asked about.
+    base, top = min(whole_gpus) - 1, max(whole_gpus)
+    now = [[0] * (top - base) for _ in _NOW_COLUMNS[:-1]] + [[-1] * (top - base)]
+    nodes, pools, teams, sites, at_terms = now
+    for gpu_id in whole_gpus:
+        info = loaded.gpus[gpu_id]
+        at = gpu_id - base - 1
+        nodes[at] = info.node_id or 0
+        pools[at] = info.pool_id or 0
+        teams[at] = info.team_id or 0
+        sites[at] = info.site_id or 0
+        rate_kind = (info.rates[_phase_outside(info, first)], info.kind)
+        at_terms[at] = terms.setdefault(rate_kind, len(terms))
     with read_cursor(binary=True, large=True) as cursor:
         cursor.execute(_STAMP_SQL, [month])
         stamp = cursor.fetchone()
         if stamp is None:
             return None
         params = {"month": month, "end": month_after(month), "close": stamp[0], "xmin": stamp[1]}
-        found = _rows_of(cursor, _UNTOUCHED_SQL, _UNTOUCHED_FEW_SQL, params, whole_gpus)
-    touched = {row[0] for row in found if row[-1]}
-    seen: set[tuple[Any, ...]] = set()
-    for row in found:  # frozen rows at two sets of terms for one attribution: compared
-        if row[:5] in seen:
-            touched.add(row[0])
-        seen.add(row[:5])
-    return [row[:-1] for row in found if row[0] not in touched], touched
+        params["capacity"] = capacity_h
+        params.update(base=base, top=top)
+        params.update(zip(_NOW_COLUMNS, map(array_literal, now), strict=True))
+        few = len(whole_gpus) <= _FEW_MOVED
+        if few:
+            params["ids"] = array_literal(sorted(whole_gpus))
+        cursor.execute(_UNTOUCHED_FEW_SQL if few else _UNTOUCHED_SQL, params)
+        found = cursor.fetchall()
+    names, now_terms = loaded.names, list(terms)
+    touched: set[int] = set()
+    several: set[int] = set()
+    same: set[int] = set()
+    differ: set[int] = set()
+    for compared, gpu_ids, site, index, rate, kind, site_name, pue, price, grid in found:
+        if compared:
+            (touched if compared == 1 else several).update(gpu_ids)
+            continue
+        rate_now, kind_now = now_terms[index]
+        frozen = (rate, kind, site_name, pue, price, grid)
+        alike = _priced_as_now(names.site(site), rate_now, kind_now, *frozen)
+        (same if alike else differ).update(gpu_ids)
+    return same - differ, touched, several
 
 
 def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[int]:
@@ -882,10 +967,11 @@ def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[
     at more than one set of terms, or an attribution on one side only, counts as moved: the
     exact path nets it.
 
-    Where the close kept its snapshot, the sums of the GPUs whose monthly rows nothing wrote
-    since are not compared (the close saw them as they are: ``_untouched_rows``), only
-    their offline hours and terms; the statement compares the others' (the GPUs late data
-    touched, a few as a rule)."""
+    Where the close kept its snapshot, the GPUs whose monthly rows nothing wrote since are
+    judged in SQL but for their terms, a few distinct ones, checked once each
+    (``_untouched``): their sums are not compared (the close saw them as they are), their
+    offline hours are; the statement that compares sums reads the others' (the GPUs late
+    data touched, a few as a rule), checked here."""
     if not whole_gpus:
         return set()
     end = month_after(month)
@@ -895,10 +981,11 @@ def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[
     # rounding is far inside the allowance.
     capacity_h = float(cm.hours_between(start=first, end=last))
     rows: list[Any] = []
+    spared: set[int] = set()
     compared = whole_gpus
-    untouched = _untouched_rows(month, whole_gpus)
+    untouched = _untouched(month, loaded, whole_gpus, capacity_h)
     if untouched is not None:
-        rows, compared = untouched[0], untouched[1]
+        spared, compared = untouched[0], untouched[1] | untouched[2]
     if compared:
         with read_cursor(binary=True, large=True) as cursor:
             params = {"month": month, "end": end}
@@ -918,20 +1005,16 @@ def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[
             key = (site, info.rates[_phase_outside(info, first)], info.kind, *terms)
             same = same_terms.get(key)
             if same is None:
-                count, rate, kind, site_name, pue, price, grid = terms
-                same = same_terms[key] = (
-                    count == 1
-                    and Decimal(rate) == key[1]
-                    and (kind or None) == key[2]
-                    and _SiteTerms(site_name, Decimal(pue), Decimal(price), Decimal(grid))
-                    == names.site(site)
+                count, *frozen = terms
+                same = same_terms[key] = count == 1 and _priced_as_now(
+                    names.site(site), key[1], key[2], *frozen
                 )
             if not same:
                 moved.add(gpu_id)
                 continue
             frozen_offline[gpu_id].append(((node, pool, team, site), offline_h, offline_max))
-    unmoved: set[int] = set()
-    for gpu_id in whole_gpus - moved:
+    unmoved = spared
+    for gpu_id in compared - moved:
         info = loaded.gpus[gpu_id]
         live = max(0.0, capacity_h - observed_h[gpu_id])  # cost_model.offline_hours
         at_now = (info.node_id, info.pool_id, info.team_id, info.site_id)

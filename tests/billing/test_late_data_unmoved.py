@@ -26,6 +26,8 @@ import time_machine
 
 from billing import selectors
 from billing.selectors import closing
+from billing.selectors.loading import _load
+from billing.selectors.types import Filters
 from tests.billing.conftest import at
 from tests.billing.test_perf_paths import (  # noqa: F401 (fixtures)
     _daily_state_present,
@@ -34,6 +36,7 @@ from tests.billing.test_perf_paths import (  # noqa: F401 (fixtures)
 )
 
 MARCH_1 = dt.date(2026, 3, 1)
+APRIL_1 = dt.date(2026, 4, 1)
 NOW = at("2026-04-03T00")
 
 
@@ -172,15 +175,15 @@ def test_a_close_s_snapshot_spares_comparing_what_nothing_wrote_since(
         monkeypatch.setattr(closing, "_FEW_MOVED", 0)
     touched: list[set[str]] = []
     names = {gpu.pk: name for name, gpu in awkward.items()}
-    untouched_rows = closing._untouched_rows
+    untouched = closing._untouched
 
-    def recorded(month: dt.date, whole_gpus: set[int]) -> Any:
-        found = untouched_rows(month, whole_gpus)
+    def recorded(month: dt.date, *args: Any) -> Any:
+        found = untouched(month, *args)
         assert found is not None  # the close's snapshot is this cluster's
         touched.append({names[i] for i in found[1]})
         return found
 
-    monkeypatch.setattr(closing, "_untouched_rows", recorded)
+    monkeypatch.setattr(closing, "_untouched", recorded)
     test_only_the_gpus_that_moved_are_computed_and_their_late_data_is_exact(
         awkward, change, unmoved, monkeypatch
     )
@@ -202,12 +205,13 @@ def test_a_close_without_a_snapshot_of_this_cluster_compares_every_gpu(
 
     with time_machine.travel(NOW, tick=False):
         month_close(month=MARCH_1, by="test")
-    gpus = {gpu.pk for gpu in awkward.values()}
-    assert closing._untouched_rows(MARCH_1, gpus) is not None
+        loaded = _load(start=MARCH_1, end=APRIL_1, filters=Filters(), now=NOW)
+    gpus = {awkward[name].pk for name in ("steady", "mover", "bare")}
+    assert closing._untouched(MARCH_1, loaded, gpus, 31 * 24.0) is not None
     MonthClose.objects.filter(month=MARCH_1).update(snapshot_system=1)
-    assert closing._untouched_rows(MARCH_1, gpus) is None
+    assert closing._untouched(MARCH_1, loaded, gpus, 31 * 24.0) is None
     MonthClose.objects.filter(month=MARCH_1).update(snapshot_xmin=None, snapshot_system=None)
-    assert closing._untouched_rows(MARCH_1, gpus) is None
+    assert closing._untouched(MARCH_1, loaded, gpus, 31 * 24.0) is None
 
 
 @needs_postgres
@@ -233,10 +237,10 @@ def test_adjustments_a_later_close_carried_are_compared(
         month_close(month=dt.date(2026, 4, 1), by="test")
     iad.update(price_per_kwh=Decimal("0.09"))
     touched: list[set[int]] = []
-    untouched_rows = closing._untouched_rows
+    untouched = closing._untouched
 
-    def recorded(month: dt.date, whole_gpus: set[int]) -> Any:
-        found = untouched_rows(month, whole_gpus)
+    def recorded(month: dt.date, *args: Any) -> Any:
+        found = untouched(month, *args)
         assert found is not None
         if month == MARCH_1:  # (April's is checked too: nothing carried for it)
             touched.append(found[1])
@@ -244,7 +248,7 @@ def test_adjustments_a_later_close_carried_are_compared(
 
     query: dict[str, Any] = {"start": MARCH_1, "end": dt.date(2026, 6, 1), "now": may_2}
     with time_machine.travel(may_2, tick=False):
-        monkeypatch.setattr(closing, "_untouched_rows", recorded)
+        monkeypatch.setattr(closing, "_untouched", recorded)
         booked = selectors.cost_rows(**query, group_by="gpu", period="month")
         monkeypatch.setattr(closing, "_unmoved_gpus", lambda *args: set())
         exact = selectors.cost_rows(**query, group_by="gpu", period="month")
