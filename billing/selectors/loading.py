@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from operator import itemgetter
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -23,6 +24,7 @@ from billing.selectors.types import (
     _NamesAndSiteTerms,
     _SiteTerms,
 )
+from config.replica import read_cursor
 from fleet.models import FleetSettings, Gpu, Pool, Site, Team
 from telemetry.models import DailyUsageState
 
@@ -71,8 +73,21 @@ def _gpu_rows(gpu_qs: QuerySet[Gpu]) -> list[dict[str, Any]]:
         for name in _GPU_TIMES
     }
     columns = [c if c not in _GPU_TIMES else f"{c}_us" for c in _GPU_COLUMNS]
+    # Django's statement, read in the binary format, all at once (``values_list`` fetches
+    # 100 rows at a time and runs a converter per timestamp: ~0.1 s at 10,000 GPUs); its
+    # columns in the order Django selects them (``ValuesIterable``'s names), taken in ours.
+    query = gpu_qs.annotate(**in_us).values_list(*columns).query
+    selected = list(query.selected or ()) or [
+        *query.extra_select,
+        *query.values_select,
+        *query.annotation_select,
+    ]
+    order = itemgetter(*(selected.index(c) for c in columns))
+    with read_cursor(binary=True) as cursor:
+        cursor.execute(*query.sql_with_params())
+        found = cursor.fetchall()
     out = []
-    for values in gpu_qs.annotate(**in_us).values_list(*columns):
+    for values in map(order, found):
         row = dict(zip(_GPU_COLUMNS, values, strict=True))
         for name in _GPU_TIMES:
             found = row[name]
@@ -122,9 +137,12 @@ def _gpu_info(
     profiles: dict[tuple[str, str], CostProfile],
     now: dt.datetime,
     rates: dict[tuple[Any, ...], _Rates] | None = None,
+    places: dict[tuple[str | None, ...], CostProfile | None] | None = None,
 ) -> _GpuInfo:
     """One GPU of ``_gpu_rows`` with its terms and rates. ``rates``: a cache of ``_rates``
-    for the GPUs of one load (one ``now``)."""
+    for the GPUs of one load (one ``now``); ``places``: of the profile of a node, pool and
+    site, for the GPUs without a profile of their own (most: theirs is their node's or a
+    wider scope's, the same for the node's GPUs)."""
     pool_id = gpu["node__pool_id"]
     # The node's site, else its pool's; the GPU's own team, else its pool's.
     if gpu["node__site_id"]:
@@ -135,13 +153,21 @@ def _gpu_info(
         site_id = site_name = None
     team_id = gpu["team_id"] or (gpu["node__pool__team_id"] if pool_id else None)
     hostname = gpu["node__hostname"]
-    profile = cm.cost_profile_resolve(
-        profiles=profiles,
-        gpu_uuid=gpu["uuid"],
-        hostname=hostname,
-        pool_name=gpu["node__pool__name"] if pool_id else None,
-        site_name=site_name,
-    )
+    pool_name = gpu["node__pool__name"] if pool_id else None
+    place = (hostname, pool_name, site_name)
+    own = (cm.SCOPE_ORDER[0], gpu["uuid"]) in profiles
+    if places is not None and not own and place in places:
+        profile = places[place]
+    else:
+        profile = cm.cost_profile_resolve(
+            profiles=profiles,
+            gpu_uuid=gpu["uuid"],
+            hostname=hostname,
+            pool_name=pool_name,
+            site_name=site_name,
+        )
+        if places is not None and not own:
+            places[place] = profile
     service_start = gpu["in_service_at"] or gpu["first_seen_at"]
     retired_at = gpu["retired_at"]
     key = (profile.pk if profile is not None else None, service_start, retired_at)
@@ -231,8 +257,9 @@ def _load(*, start: dt.date, end: dt.date, filters: Filters, now: dt.datetime | 
         gpu_qs = gpu_qs.filter(uuid__in=filters.gpus)
     gpus: dict[int, _GpuInfo] = {}
     rates: dict[tuple[Any, ...], _Rates] = {}
+    places: dict[tuple[str | None, ...], CostProfile | None] = {}
     for gpu in _gpu_rows(gpu_qs):
-        gpus[gpu["id"]] = _gpu_info(gpu, profiles, now, rates)
+        gpus[gpu["id"]] = _gpu_info(gpu, profiles, now, rates, places)
         names.nodes[gpu["node_id"]] = gpu["node__hostname"]
     return _Loaded(
         now=now,

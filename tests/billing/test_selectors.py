@@ -328,6 +328,25 @@ def test_gpu_page_and_selectors_resolve_the_same_profile(fleet):
     assert row.fixed_cost == 0 and not row.priced
 
 
+def test_gpus_of_one_node_take_their_own_profile_or_the_node_s(fleet):
+    """The load resolves a node's profile once for its GPUs without one of their own: a GPU
+    with its own profile keeps it whichever comes first, before or after such a GPU."""
+    node = fleet.node("n1", pool=fleet.pool("train", site=fleet.site("fra1")))
+    for uuid in ("GPU-A", "GPU-B", "GPU-C"):
+        fleet.gpu(uuid, node=node, in_service_at=at("2026-03-01T00"))
+    fleet.rented("node:n1", rental_rate_per_hour="4.00")
+    fleet.rented("gpu:GPU-A", rental_rate_per_hour="5.00")
+    fleet.rented("gpu:GPU-C", rental_rate_per_hour="6.00")
+    # 24 capacity hours each on 2026-03-02 (offline: no rollups): 24 × the rate.
+    rows = cost_rows(start=EXAMPLE_DAY, end=NEXT_DAY, now=EXAMPLE_NOW, group_by="gpu")
+    got = {row.key: row.fixed_cost for row in rows}
+    assert got == {
+        "GPU-A": Decimal("120.00"),
+        "GPU-B": Decimal("96.00"),
+        "GPU-C": Decimal("144.00"),
+    }
+
+
 def test_no_profile_or_no_site_is_not_priced(fleet):
     site = fleet.site("fra1", pue="1.5", price_per_kwh="0.20", grid_g_per_kwh=400.0)
     node = fleet.node("n1", site=site)
