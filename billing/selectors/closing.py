@@ -913,20 +913,15 @@ def _untouched(
         return None
     first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
     terms: dict[tuple[Decimal, str | None], int] = {}  # a few distinct terms: each an index
-    # Dense by GPU id (``literals.by_id``): 0 for no node, pool, team or site; -1 for the
-    # terms of a GPU not asked about.
-    base, top = min(whole_gpus) - 1, max(whole_gpus)
-    now = [[0] * (top - base) for _ in _NOW_COLUMNS[:-1]] + [[-1] * (top - base)]
-    nodes, pools, teams, sites, at_terms = now
+    now: dict[str, dict[int, int]] = {column: {} for column in _NOW_COLUMNS}
     for gpu_id in whole_gpus:
         info = loaded.gpus[gpu_id]
-        at = gpu_id - base - 1
-        nodes[at] = info.node_id or 0
-        pools[at] = info.pool_id or 0
-        teams[at] = info.team_id or 0
-        sites[at] = info.site_id or 0
+        now["nodes"][gpu_id] = info.node_id or 0
+        now["pools"][gpu_id] = info.pool_id or 0
+        now["teams"][gpu_id] = info.team_id or 0
+        now["sites"][gpu_id] = info.site_id or 0
         rate_kind = (info.rates[_phase_outside(info, first)], info.kind)
-        at_terms[at] = terms.setdefault(rate_kind, len(terms))
+        now["terms"][gpu_id] = terms.setdefault(rate_kind, len(terms))
     with read_cursor(binary=True, large=True) as cursor:
         cursor.execute(_STAMP_SQL, [month])
         stamp = cursor.fetchone()
@@ -934,8 +929,9 @@ def _untouched(
             return None
         params = {"month": month, "end": month_after(month), "close": stamp[0], "xmin": stamp[1]}
         params["capacity"] = capacity_h
-        params.update(base=base, top=top)
-        params.update(zip(_NOW_COLUMNS, map(array_literal, now), strict=True))
+        for column, values in now.items():  # dense by GPU id: -1 for a GPU not asked about
+            dense, params["base"], params["top"] = by_id(values, -1 if column == "terms" else 0)
+            params[column] = array_literal(dense)
         few = len(whole_gpus) <= _FEW_MOVED
         if few:
             params["ids"] = array_literal(sorted(whole_gpus))

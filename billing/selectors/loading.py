@@ -85,9 +85,9 @@ def _gpu_rows(gpu_qs: QuerySet[Gpu]) -> list[dict[str, Any]]:
     order = itemgetter(*(selected.index(c) for c in columns))
     with read_cursor(binary=True) as cursor:
         cursor.execute(*query.sql_with_params())
-        found = cursor.fetchall()
+        fetched = cursor.fetchall()
     out = []
-    for values in map(order, found):
+    for values in map(order, fetched):
         row = dict(zip(_GPU_COLUMNS, values, strict=True))
         for name in _GPU_TIMES:
             found = row[name]
