@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import reduce
+from operator import or_
 from typing import Any
 
 from django.db import connection
@@ -57,6 +59,7 @@ def _summed(
     rows: QuerySet[Any] | list[QuerySet[Any]],
     fields: list[str],
     classes: _Classes | None = None,
+    less: Sequence[QuerySet[Any]] = (),
 ) -> list[dict[str, Any]]:
     """The rollup sums of ``rows`` per ``fields``, as dicts of ``fields`` and ``"sums"`` (each
     of ``USAGE_SUM_COLUMNS`` as a float: the segment's sums). The statement is Django's, the
@@ -70,13 +73,31 @@ def _summed(
     GPU and attribution for the whole window rather than one per table.
 
     ``classes`` (PostgreSQL): the per-GPU sums are summed again per price class, pool, team,
-    site (and bucket) in the same statement (``_by_class``)."""
+    site (and bucket) in the same statement (``_by_class``).
+
+    ``less`` (PostgreSQL): querysets whose sums are taken away, in the same statement: a
+    month's row less its days outside the window is the window's part of it
+    (``_partial_months``). Those sums are differences of floats, so a key with no rollup row
+    left (the hourly rows its parts sum, ``hours``, an exact integer: 0) is dropped, and a
+    sum within a relative
+    ``_RESIDUE`` of its largest part is taken as 0: what is left of rounding, not data
+    (work figures are None, never 0, where no sample carries them)."""
     sets = rows if isinstance(rows, list) else [rows]
+    # With parts taken away, each part counts the hourly rows it sums (``hours``: exact).
+    counted = {_HOURS: Sum("hours")} if less else {}
     summed = [
         qs.values(*fields)
-        .annotate(**{f: Cast(Sum(f), FloatField()) for f in _SUM_FIELDS})
+        .annotate(**{f: Cast(Sum(f), FloatField()) for f in _SUM_FIELDS}, **counted)
         .order_by()
         for qs in sets
+    ] + [
+        qs.values(*fields)
+        .annotate(
+            **{f: Cast(Sum(f) * Value(-1), FloatField()) for f in _SUM_FIELDS},
+            **{_HOURS: Sum("hours") * Value(-1)},
+        )
+        .order_by()
+        for qs in less
     ]
     if connection.vendor != "postgresql":
         # SQLite sends dates and datetimes as text: it needs Django's converters (and its
@@ -92,9 +113,18 @@ def _summed(
     if len(parts) > 1:
         union = " UNION ALL ".join(f"({part})" for part, _ in parts)
         keys = ", ".join(connection.ops.quote_name(f) for f in fields)
-        sums = ", ".join(f"sum({_q(f)}) AS {_q(f)}" for f in _SUM_FIELDS)
+        if less:
+            sums = ", ".join(
+                f"CASE WHEN abs(sum({_q(f)})) <= max(abs({_q(f)})) * {_RESIDUE!r} THEN 0"
+                f" ELSE sum({_q(f)}) END AS {_q(f)}"
+                for f in _SUM_FIELDS
+            )
+            having = f" HAVING sum({_HOURS}) > 0"
+        else:
+            sums = ", ".join(f"sum({_q(f)}) AS {_q(f)}" for f in _SUM_FIELDS)
+            having = ""
         # Django's own statements and quoted constant names: no value is spliced in.
-        sql = f"SELECT {keys}, {sums} FROM ({union}) AS parts GROUP BY {keys}"  # noqa: S608
+        sql = f"SELECT {keys}, {sums} FROM ({union}) AS parts GROUP BY {keys}{having}"  # noqa: S608
         params = [value for _, more in parts for value in more]
     if classes is not None:
         return _by_class(sql, params, fields, classes)
@@ -113,6 +143,10 @@ def _summed(
 
 
 _OBSERVED = _SUM_FIELDS.index("observed_s")
+_HOURS = "hourly_rows"  # ``_summed``'s count of the hourly rows a part sums
+# What is left of a sum of floats less a part of it, relative to the largest part, below
+# which it is rounding (``_summed``'s ``less``): the sums' own rounding is ~1e-16 relative.
+_RESIDUE = 1e-9
 
 
 def _q(name: str) -> str:
@@ -296,19 +330,24 @@ def _compute(
         hourly_from = _local_midnight(day, zone).astimezone(dt.UTC)
         months_from = months_to = start
         whole: list[QuerySet[Any]] = []  # period "all": the tables read, summed as one
+        whole_less: list[QuerySet[Any]] = []  # and the parts taken from them
         if day > start and period in ("all", "month"):
             # The whole months inside [start, day) from the monthly pre-aggregate (~30× fewer
             # rows); the days before and after them from the daily one.
             months_from = start if start.day == 1 else month_after(start)
             months_to = max(months_from, day.replace(day=1))
+
+        def of_gpus(rows: QuerySet[Any]) -> QuerySet[Any]:
+            return _filtered(rows.exclude(gpu_id__in=split_ids) if split_ids else rows, filters)
+
         if months_to > months_from:
-            monthlies = MonthlyUsage.objects.filter(month__gte=months_from, month__lt=months_to)
-            if split_ids:
-                monthlies = monthlies.exclude(gpu_id__in=split_ids)
+            monthlies = of_gpus(
+                MonthlyUsage.objects.filter(month__gte=months_from, month__lt=months_to)
+            )
             if period == "all":  # summed with the daily rows below, in one statement
-                whole.append(_filtered(monthlies, filters))
+                whole.append(monthlies)
             else:
-                for row in _summed(_filtered(monthlies, filters), [*_BY_GPU, "month"], classes):
+                for row in _summed(monthlies, [*_BY_GPU, "month"], classes):
                     row["bucket"] = row.pop("month")
                     sum_rows.append(row)
         # The day in progress (up to now) from its daily row too: the triggers keep that row
@@ -328,19 +367,41 @@ def _compute(
             # The day in progress too where it is read from its daily rows: every GPU in
             # service since its midnight has the same capacity there, up to now.
             pooled_days = _poolable(gpus, split_ids, start, whole_end, zone)
-        if whole_end > start:
-            dailies = DailyUsage.objects.filter(day__gte=start, day__lt=whole_end)
-            if months_to > months_from:
-                dailies = dailies.exclude(day__gte=months_from, day__lt=months_to)
-            if split_ids:
-                dailies = dailies.exclude(gpu_id__in=split_ids)
+        days = _less_whole(start, whole_end, months_from, months_to)
+        if period in ("all", "month"):
+            # A month only partly in the window, read as its monthly rows less its daily
+            # rows outside the window, where those are fewer than its days inside it (the
+            # first month of a quarter's window from its 5th: the rows of 4 days and one
+            # month, not of 26 days; the month in progress: its monthly rows alone).
+            today = now.astimezone(zone).date()
+            for month, first, last in _partial_months(days, today):
+                days = _ranges_less(days, first, last)
+                monthly = of_gpus(MonthlyUsage.objects.filter(month=month))
+                outside = of_gpus(
+                    DailyUsage.objects.filter(
+                        Q(day__gte=month, day__lt=first)
+                        | Q(day__gte=last, day__lt=month_after(month))
+                    )
+                )
+                if period == "all":
+                    whole.append(monthly)
+                    whole_less.append(outside)
+                else:
+                    for row in _summed([monthly], list(_BY_GPU), classes, less=[outside]):
+                        row["bucket"] = month
+                        sum_rows.append(row)
+        if days:
+            # The days not read from monthly rows, by the day index, range by range.
+            dailies = of_gpus(
+                DailyUsage.objects.filter(reduce(or_, (Q(day__gte=a, day__lt=b) for a, b in days)))
+            )
             if pooled_days:
                 # Only the GPU-days not pooled: the days outside each pooled GPU's span, and
                 # every day of the other GPUs (few spans: most GPUs share one, so the days
                 # outside it are read by the day index, not by scanning the table).
                 by_range: dict[tuple[dt.date, dt.date], list[int]] = defaultdict(list)
-                for gpu_id, days in pooled_days.items():
-                    by_range[days].append(gpu_id)
+                for gpu_id, gpu_days in pooled_days.items():
+                    by_range[gpu_days].append(gpu_id)
                 unpooled = [g for g in gpus if g not in pooled_days]
                 if len(by_range) == 1 and not unpooled:
                     # Every GPU pooled over one span (the rule): the days outside it, with no
@@ -352,7 +413,6 @@ def _compute(
                     for (first, last), ids in by_range.items():
                         wanted |= Q(gpu_id__in=ids) & (Q(day__lt=first) | Q(day__gte=last))
                 dailies = dailies.filter(wanted)
-            dailies = _filtered(dailies, filters)
             fields = list(_BY_GPU)
             if period == "all":
                 whole.append(dailies)
@@ -368,7 +428,7 @@ def _compute(
                         row["bucket"] = row.pop("day")
                     sum_rows.append(row)
         if whole:
-            sum_rows += _summed(whole, list(_BY_GPU), classes)
+            sum_rows += _summed(whole, list(_BY_GPU), classes, less=whole_less)
         if in_progress and not today_daily:
             rest = HourlyUsage.objects.filter(hour__gte=hourly_from, hour__lt=capacity_end)
             if split_ids:
@@ -585,6 +645,53 @@ def _compute(
         pooled=_by_span(pooled_days),
         offline_additive=not over,
     )
+
+
+def _less_whole(
+    start: dt.date, end: dt.date, months_from: dt.date, months_to: dt.date
+) -> list[tuple[dt.date, dt.date]]:
+    """The days [start, end) less the whole months [months_from, months_to) read from the
+    monthly rows: the ranges [from, to) left to the daily ones."""
+    return _ranges_less([(start, end)] if end > start else [], months_from, months_to)
+
+
+def _ranges_less(
+    ranges: list[tuple[dt.date, dt.date]], first: dt.date, last: dt.date
+) -> list[tuple[dt.date, dt.date]]:
+    """Day ranges [from, to) less the days [first, last)."""
+    out = []
+    for a, b in ranges:
+        if b <= first or a >= last:
+            out.append((a, b))
+            continue
+        if a < first:
+            out.append((a, first))
+        if b > last:
+            out.append((last, b))
+    return out
+
+
+def _partial_months(
+    ranges: list[tuple[dt.date, dt.date]], today: dt.date
+) -> list[tuple[dt.date, dt.date, dt.date]]:
+    """The months that the day ranges ``ranges`` cover in part, with their part ``(month,
+    from, to)``, where the month's monthly rows less its daily rows outside the part read
+    fewer rows than the part's daily rows: fewer days of the month outside it (up to
+    ``today``; later days have no rows but from a clock ahead, and those are taken away
+    too), and the month's own row, than days inside it."""
+    out = []
+    for a, b in ranges:
+        cursor = a
+        while cursor < b:
+            month = cursor.replace(day=1)
+            following = month_after(month)
+            last = min(b, following)
+            inside = (last - cursor).days
+            after = (min(following, today + dt.timedelta(days=1)) - last).days
+            if (cursor - month).days + max(0, after) + 1 < inside:
+                out.append((month, cursor, last))
+            cursor = last
+    return out
 
 
 def _by_span(
