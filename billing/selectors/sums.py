@@ -612,6 +612,16 @@ def _compute(
                         assert found.gpu_ids is not None
                         found.gpu_ids.add(info.id)
                 elif offline_h > 0:
+                    # Into the GPU's segment of the same bucket, phase and attribution where
+                    # it has one (the rule: it sent data at its current attribution), else a
+                    # segment of its own: every figure is linear in the sums and offline
+                    # hours, and its sums are the segment's plus zeros.
+                    ident = (info.id, bucket.key, phase, info.node_id, info.pool_id)
+                    ident += (info.team_id, info.site_id)
+                    found_segment = merged.get(ident)
+                    if found_segment is not None:
+                        found_segment.offline_h += offline_h
+                        continue
                     segments.append(
                         _Segment(
                             gpu=info,
