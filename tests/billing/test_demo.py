@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+import time_machine
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
@@ -24,6 +25,12 @@ def test_demo_generates_a_fleet_and_rolls_it_up() -> None:
     from fleet.models import Gpu, Pool, Site, Team
     from telemetry.models import HourlyUsage, Sample
 
+    # A minute into a 15-minute sample slot, the clock running: both runs below see the same
+    # slots (a run crossing into the next slot would generate its samples, and rightly).
+    slot = timezone.now().replace(second=0, microsecond=0)
+    slot -= dt.timedelta(minutes=slot.minute % 15 - 1)
+    traveller = time_machine.travel(slot, tick=True)
+    traveller.start()
     out = io.StringIO()
     call_command("demo", no_serve=True, gpus=6, days=1, stdout=out, stderr=io.StringIO())
     lines = out.getvalue().strip().splitlines()
@@ -53,6 +60,7 @@ def test_demo_generates_a_fleet_and_rolls_it_up() -> None:
     assert authenticate(username="demo", password="demo") is not None
     # Run again: nothing is generated twice, nothing breaks.
     call_command("demo", no_serve=True, gpus=6, days=1, stdout=io.StringIO(), stderr=io.StringIO())
+    traveller.stop()
     assert Sample.objects.count() == gpus * 96
 
 
