@@ -158,6 +158,14 @@ class MonthClose(models.Model):
     # null elsewhere, and for closes made before these were kept.
     snapshot_xmin = models.BigIntegerField(null=True, blank=True)
     snapshot_system = models.BigIntegerField(null=True, blank=True)
+    # What the close's figures of each GPU depended on beside its rollup rows, as the close
+    # loaded it (``closing.close_state``): per GPU an 8-byte digest of its attribution,
+    # service dates, depreciation, rates and kind (packed: GPU id, digest), and each site's
+    # terms. A page that looks for the month's late data spares a GPU whose digest and sites'
+    # terms are the same now and whose monthly rows nothing wrote since (issue 19); empty
+    # for closes made before these were kept (compared as before).
+    gpu_states = models.BinaryField(default=b"", blank=True, editable=False)
+    site_terms = models.JSONField(default=dict, blank=True, editable=False)
     reopened_at = models.DateTimeField(null=True, blank=True)
     reopened_by = models.CharField(max_length=150, blank=True)
     reopen_reason = models.TextField(blank=True)

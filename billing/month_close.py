@@ -26,9 +26,11 @@ from billing.selectors.closing import (
     _TERMS,
     class_days_store,
     close_snapshot,
+    close_state,
     compute,
     segment_columns,
 )
+from billing.selectors.loading import _load
 from billing.selectors.types import Filters, _Computation
 from fleet.models import FleetSettings
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
@@ -110,15 +112,18 @@ def month_close(*, month: dt.date, by: str, now: dt.datetime | None = None) -> C
             return CloseResult(close, False, f"{month:%Y-%m} was already closed")
         close.snapshot_xmin, close.snapshot_system = close_snapshot()
         # The month as it stands, with the adjustments booked in it for late data of
-        # earlier closed months: frozen with it.
+        # earlier closed months: frozen with it, with the fleet it was computed for.
+        loaded = _load(start=month, end=month_after(month), filters=Filters(), now=now)
         computation = compute(
             start=month,
             end=month_after(month),
             period="day",
             filters=Filters(),
             now=now,
+            loaded=loaded,
             adjust_days=True,
         )
+        close.gpu_states, close.site_terms = close_state(loaded)
         ClosedSegment.objects.filter(close=close).delete()
         rows = [ClosedSegment(close=close, **fields) for fields in closing_rows(month, computation)]
         ClosedSegment.objects.bulk_create(rows, batch_size=2000)

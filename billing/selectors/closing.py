@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
+from array import array
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -777,15 +779,16 @@ _MOVED_FEW_SQL = _MOVED_TEMPLATE.format(
 # side only, more than one attribution in the month, or frozen rows at two sets of terms).
 # A raw xmin made whole is never older than the row's write, so a row written since the
 # close is always touched. Constant column names and the allowance spliced in, no value.
-_UNTOUCHED_TEMPLATE = """
-WITH cur AS (
-    SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x
-), live AS (
-    SELECT m.gpu_id, m.node_id, m.pool_id, m.team_id, m.site_id,
-           m.observed_s::float8 AS observed_s,
-           ((CASE WHEN m.xmin::text::bigint <= (cur.x & 4294967295) THEN cur.x >> 32
+_CURRENT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x"
+# A monthly row ``m`` written by a transaction no older than the close's oldest running one
+# (``xmin`` made whole with the epoch of now, ``cur.x``: never older than the write).
+_WRITTEN_SINCE = """((CASE WHEN m.xmin::text::bigint <= (cur.x & 4294967295) THEN cur.x >> 32
                   ELSE (cur.x >> 32) - 1 END) << 32 | m.xmin::text::bigint)
-               >= %(xmin)s AS new
+               >= %(xmin)s"""
+_UNTOUCHED_TEMPLATE = """
+WITH cur AS ({current_xid}), live AS (
+    SELECT m.gpu_id, m.node_id, m.pool_id, m.team_id, m.site_id,
+           m.observed_s::float8 AS observed_s, {written_since} AS new
     FROM telemetry_monthlyusage m, cur
     WHERE m.month = %(month)s {live_ids}
 ), frozen AS (
@@ -829,7 +832,11 @@ WHERE terms_now >= 0 AND (compared > 0 OR (
 GROUP BY compared, site_id, terms_now, rate, kind, site_name, pue, price_per_kwh, grid_g_per_kwh
 """
 _UNTOUCHED_PARTS = dict(
-    paired=_PAIRED, zero=" + ".join(f"abs(s.{f})" for f in _SUM_FIELDS), r=repr(_RELATIVE)
+    current_xid=_CURRENT_XID,
+    written_since=_WRITTEN_SINCE,
+    paired=_PAIRED,
+    zero=" + ".join(f"abs(s.{f})" for f in _SUM_FIELDS),
+    r=repr(_RELATIVE),
 )
 _UNTOUCHED_SQL = _UNTOUCHED_TEMPLATE.format(**_UNTOUCHED_PARTS, live_ids="", frozen_ids="")
 _UNTOUCHED_FEW_SQL = _UNTOUCHED_TEMPLATE.format(  # a few GPUs (``_FEW_MOVED``): theirs only
@@ -861,6 +868,112 @@ SELECT c.id, c.snapshot_xmin FROM billing_monthclose c, pg_control_system() s
 WHERE c.month = %s AND c.closed AND c.snapshot_xmin IS NOT NULL
   AND c.snapshot_system = s.system_identifier
 """
+
+
+def _gpu_states(loaded: _Loaded) -> dict[int, bytes]:
+    """Each GPU's state: what a closed month's figures of it depend on beside its rollup rows
+    and the terms of the sites those lie at (its attribution now, where its offline hours
+    go; its service dates and depreciation, its capacity and whether the month is whole for
+    it; its rates and kind), as an 8-byte digest (``close_state``). Worked out once per load
+    (the loads made of it share the cache), the dates and terms once per distinct value
+    (GPUs bought together share them)."""
+    states = loaded.states
+    terms: dict[tuple[Any, ...], str] = {}
+    for gpu_id, info in loaded.gpus.items():
+        if gpu_id in states:
+            continue
+        key = (info.service_start, info.retired_at, info.boundary_hour, info.rates, info.kind)
+        text = terms.get(key)
+        if text is None:
+            text = terms[key] = "|".join(map(str, (*key[:3], key[3][0], key[3][2], key[4])))
+        state = f"{info.node_id}|{info.pool_id}|{info.team_id}|{info.site_id}|{text}"
+        states[gpu_id] = hashlib.blake2b(state.encode(), digest_size=8).digest()
+    return states
+
+
+def _site_terms(names: _NamesAndSiteTerms) -> dict[str, list[str | None]]:
+    """Each site's terms, as text: ``{site id: [name, PUE, tariff, grid]}``."""
+    return {
+        str(site_id): [t.name, str(t.pue), str(t.price_per_kwh), str(t.grid_g_per_kwh)]
+        for site_id, t in names.sites.items()
+    }
+
+
+def close_state(loaded: _Loaded) -> tuple[bytes, dict[str, list[str | None]]]:
+    """What a close keeps of the fleet it loaded (``MonthClose.gpu_states`` and
+    ``site_terms``): each GPU's ``_gpu_state``, packed as its id (8 bytes) and digest, and
+    each site's terms. A later page spares the late-data check of a GPU whose state and
+    sites' terms are these still and whose monthly rows nothing wrote since (``_spared``):
+    its month computed now is the one the close froze."""
+    states = _gpu_states(loaded)
+    ids = array("q", states)
+    return ids.tobytes() + b"".join(states.values()), _site_terms(loaded.names)
+
+
+def _stored_states(packed: bytes) -> dict[int, bytes]:
+    """``close_state``'s packed digests, by GPU id."""
+    count = len(packed) // 16
+    ids = array("q")
+    ids.frombytes(packed[: 8 * count])
+    return dict(zip(ids, (packed[k : k + 8] for k in range(8 * count, 16 * count, 8)), strict=True))
+
+
+# The month's close, its snapshot (where taken on this cluster) and what it kept of the
+# fleet (``close_state``).
+_CLOSE_STATE_SQL = """
+SELECT c.id, c.snapshot_xmin, c.gpu_states, c.site_terms
+FROM billing_monthclose c, pg_control_system() s
+WHERE c.month = %s AND c.closed AND c.snapshot_xmin IS NOT NULL
+  AND c.snapshot_system = s.system_identifier AND length(c.gpu_states) > 0
+"""
+
+# The GPUs whose closed month cannot be spared the comparison: a monthly row written since
+# the close began reading (late data rolled up), an adjustment a later close carried for the
+# month, or a month row at a site whose terms changed since (``sites``). Constant pieces
+# spliced in, no value.
+_TOUCHED_SQL = f"""
+WITH cur AS ({_CURRENT_XID})
+SELECT m.gpu_id FROM telemetry_monthlyusage m, cur
+WHERE m.month = %(month)s AND {_WRITTEN_SINCE}
+UNION
+SELECT s.gpu_id FROM billing_closedsegment s JOIN billing_monthclose c ON c.id = s.close_id
+WHERE c.closed AND NOT s.whole_month AND s.adjusts >= %(month)s AND s.adjusts < %(end)s
+UNION
+SELECT s.gpu_id FROM billing_closedsegment s
+WHERE s.close_id = %(close)s AND s.whole_month AND s.day = %(month)s
+  AND s.site_id_at = ANY(%(sites)s::bigint[])
+"""  # noqa: S608
+
+
+def _spared(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[int] | None:
+    """The GPUs of ``whole_gpus`` whose late data for closed ``month`` is nil because
+    nothing it depends on changed since the close: their monthly rows were all written
+    before the close began reading (so it saw them as they are), no later close carried an
+    adjustment for them, their ``_gpu_state`` is the one the close kept, and so are the
+    terms of the sites their month rows lie at. Their month computed now is the one frozen.
+    None where the close kept no state of this cluster (made before closes kept it, or
+    restored elsewhere): ``_untouched`` then."""
+    if connection.vendor != "postgresql":
+        return None
+    with read_cursor(binary=True) as cursor:
+        cursor.execute(_CLOSE_STATE_SQL, [month])
+        found = cursor.fetchone()
+        if found is None:
+            return None
+        close_id, xmin, packed, stored_sites = found
+        now_sites = _site_terms(loaded.names)
+        changed = {int(k) for k in stored_sites.keys() | now_sites.keys()}
+        changed -= {int(k) for k, v in now_sites.items() if stored_sites.get(k) == v}
+        params = {"month": month, "end": month_after(month), "close": close_id, "xmin": xmin}
+        cursor.execute(_TOUCHED_SQL, {**params, "sites": array_literal(sorted(changed))})
+        touched = {gpu_id for (gpu_id,) in cursor.fetchall()}
+    stored = _stored_states(bytes(packed))
+    states = _gpu_states(loaded)
+    return {
+        gpu_id
+        for gpu_id in whole_gpus
+        if gpu_id not in touched and stored.get(gpu_id) == states[gpu_id]
+    }
 
 
 def _rows_of(
@@ -979,9 +1092,13 @@ def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[
     rows: list[Any] = []
     spared: set[int] = set()
     compared = whole_gpus
-    untouched = _untouched(month, loaded, whole_gpus, capacity_h)
-    if untouched is not None:
-        spared, compared = untouched[0], untouched[1] | untouched[2]
+    found = _spared(month, loaded, whole_gpus)
+    if found is not None:
+        spared, compared = found, whole_gpus - found
+    else:
+        untouched = _untouched(month, loaded, whole_gpus, capacity_h)
+        if untouched is not None:
+            spared, compared = untouched[0], untouched[1] | untouched[2]
     if compared:
         with read_cursor(binary=True, large=True) as cursor:
             params = {"month": month, "end": end}

@@ -157,25 +157,38 @@ def _air_before(gpus: dict[str, Any]) -> float:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("few", [True, False], ids=["their-rows", "every-row"])
 @pytest.mark.parametrize(("change", "unmoved"), CASES, ids=[c.__name__ for c, _ in CASES])
+@pytest.mark.parametrize("kept", ["state", "snapshot"])
 def test_a_close_s_snapshot_spares_comparing_what_nothing_wrote_since(
     awkward: dict[str, Any],  # noqa: F811 (the fixture)
     change: Callable[[dict[str, Any]], None],
     unmoved: set[str],
     few: bool,
+    kept: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The same cases, each step committed (as a close, a rollup and a page are in
-    production): the close keeps its snapshot, and the late-data check compares the sums
-    of the GPUs whose monthly rows were written since, only those of "steady" after its
-    late hour (what ``_late_rows`` rolled up); the others' offline hours and terms alone.
-    The GPUs found unmoved and the adjustments are those of the test above: the exact
-    path's. The statements read the rows of the GPUs checked (a few), or every GPU's (as
-    beyond ``_FEW_MOVED``)."""
+    production). The close keeps its snapshot and the fleet's state (``kept="state"``):
+    the late-data check spares every GPU whose monthly rows nothing wrote since, whose own
+    state (attribution, service dates, rates) is the close's and whose sites' terms are
+    too, without comparing anything; those are exactly the unmoved GPUs of each case (a
+    late hour touches "steady"; iad1's tariff "mover", whose month rows lie partly there;
+    pool:train's rate "steady" and "mover"; the move "mover"), and only the others are
+    compared. A close that kept its snapshot alone (made before closes kept the state,
+    ``kept="snapshot"``) compares the sums of the GPUs whose monthly rows were written
+    since, only those of "steady" after its late hour, and the others' offline hours and
+    terms alone. The GPUs found unmoved and the adjustments are those of the test above:
+    the exact path's. The statements read the rows of the GPUs checked (a few), or every
+    GPU's (as beyond ``_FEW_MOVED``)."""
+    from billing import month_close
+
     if not few:
         monkeypatch.setattr(closing, "_FEW_MOVED", 0)
+    if kept == "snapshot":
+        monkeypatch.setattr(month_close, "close_state", lambda loaded: (b"", {}))
     touched: list[set[str]] = []
+    spared: list[set[str] | None] = []
     names = {gpu.pk: name for name, gpu in awkward.items()}
-    untouched = closing._untouched
+    untouched, spare = closing._untouched, closing._spared
 
     def recorded(month: dt.date, *args: Any) -> Any:
         found = untouched(month, *args)
@@ -183,7 +196,13 @@ def test_a_close_s_snapshot_spares_comparing_what_nothing_wrote_since(
         touched.append({names[i] for i in found[1]})
         return found
 
+    def recorded_spared(month: dt.date, *args: Any) -> Any:
+        found = spare(month, *args)
+        spared.append(None if found is None else {names[i] for i in found})
+        return found
+
     monkeypatch.setattr(closing, "_untouched", recorded)
+    monkeypatch.setattr(closing, "_spared", recorded_spared)
     test_only_the_gpus_that_moved_are_computed_and_their_late_data_is_exact(
         awkward, change, unmoved, monkeypatch
     )
@@ -191,7 +210,16 @@ def test_a_close_s_snapshot_spares_comparing_what_nothing_wrote_since(
 
     close = MonthClose.objects.get(month=MARCH_1)
     assert close.snapshot_xmin and close.snapshot_system
-    assert touched and all(t == ({"steady"} if change is _late_rows else set()) for t in touched)
+    assert spared
+    if kept == "state":
+        assert bytes(close.gpu_states) and close.site_terms
+        assert all(s == unmoved for s in spared), spared
+        assert not touched  # the statement of closes without a state never ran
+    else:
+        assert all(s is None for s in spared)
+        assert touched and all(
+            t == ({"steady"} if change is _late_rows else set()) for t in touched
+        )
 
 
 @needs_postgres
@@ -216,18 +244,24 @@ def test_a_close_without_a_snapshot_of_this_cluster_compares_every_gpu(
 
 @needs_postgres
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kept", ["state", "snapshot"])
 def test_adjustments_a_later_close_carried_are_compared(
     awkward: dict[str, Any],  # noqa: F811 (the fixture)
+    kept: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """iad1's tariff raised after March closed, April closed (carrying March's adjustment
     for "mover", in iad1 until 5 March), then the tariff put back: nothing wrote a monthly
-    row since March closed, yet March is due the carried adjustment's reverse. "mover" is
-    touched (a carried adjustment), so its sums are compared; the adjustments booked in May
-    are the exact path's."""
+    row since March closed, and iad1's terms are those March's close kept, yet March is due
+    the carried adjustment's reverse. "mover" is touched (a carried adjustment), so it is
+    not spared and its sums are compared, whether the closes kept the fleet's state or
+    their snapshot alone; the adjustments booked in May are the exact path's."""
+    from billing import month_close as closes
     from billing.month_close import month_close
     from fleet.models import Site
 
+    if kept == "snapshot":
+        monkeypatch.setattr(closes, "close_state", lambda loaded: (b"", {}))
     iad = Site.objects.filter(name="iad1")
     with time_machine.travel(NOW, tick=False):
         month_close(month=MARCH_1, by="test")
@@ -237,7 +271,7 @@ def test_adjustments_a_later_close_carried_are_compared(
         month_close(month=dt.date(2026, 4, 1), by="test")
     iad.update(price_per_kwh=Decimal("0.09"))
     touched: list[set[int]] = []
-    untouched = closing._untouched
+    untouched, spare = closing._untouched, closing._spared
 
     def recorded(month: dt.date, *args: Any) -> Any:
         found = untouched(month, *args)
@@ -246,9 +280,17 @@ def test_adjustments_a_later_close_carried_are_compared(
             touched.append(found[1])
         return found
 
+    def recorded_spared(month: dt.date, loaded: Any, whole_gpus: set[int]) -> Any:
+        found = spare(month, loaded, whole_gpus)
+        assert (found is None) == (kept == "snapshot")
+        if found is not None and month == MARCH_1:
+            touched.append(whole_gpus - found)
+        return found
+
     query: dict[str, Any] = {"start": MARCH_1, "end": dt.date(2026, 6, 1), "now": may_2}
     with time_machine.travel(may_2, tick=False):
         monkeypatch.setattr(closing, "_untouched", recorded)
+        monkeypatch.setattr(closing, "_spared", recorded_spared)
         booked = selectors.cost_rows(**query, group_by="gpu", period="month")
         monkeypatch.setattr(closing, "_unmoved_gpus", lambda *args: set())
         exact = selectors.cost_rows(**query, group_by="gpu", period="month")
