@@ -11,8 +11,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import reduce
-from operator import add, attrgetter, itemgetter
+from operator import add, itemgetter
 
 from billing import cost_model as cm
 from billing.selectors.calendar import _buckets
@@ -124,20 +123,32 @@ def _priced_into(
 
 
 def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Acc:
-    """The segments' hours and money, priced per price class: the segments whose GPUs share
-    their kind, fixed rate, cost-profile presence, site terms and nominal power are summed
-    first (their rollup sums and offline hours) and go through the cost model once. Every
-    figure is linear in those sums, so this is the segment-by-segment accumulation up to the
-    last digits of float and 28-digit Decimal sums taken in another order: equal to the
-    cent (``test_price_classes_give_the_segment_by_segment_figures``). A page of 10,000 GPUs
-    prices a few classes, not 20,000 segments.
+    """The segments' hours and money, priced per price class (``_classes``): the segments
+    whose GPUs share their kind, fixed rate, cost-profile presence, site terms and nominal
+    power are summed first (their rollup sums and offline hours) and go through the cost
+    model once. Every figure is linear in those sums, so this is the segment-by-segment
+    accumulation up to the last digits of float and 28-digit Decimal sums taken in another
+    order: equal to the cent (``test_price_classes_give_the_segment_by_segment_figures``).
+    A page of 10,000 GPUs prices a few classes, not 20,000 segments."""
+    gpu_ids, classes = _classes(segments, names)
+    acc = _Acc(gpu_ids=gpu_ids)
+    for site, members in classes:
+        _priced_into(acc, members[0], *_class_sums(members), site)
+    return acc
+
+
+def _classes(
+    segments: Iterable[_Segment], names: _NamesAndSiteTerms
+) -> tuple[set[int], list[tuple[_SiteTerms, list[_Segment]]]]:
+    """The GPUs with capacity in ``segments``, and the segments by price class (in the order
+    each class first comes), each with the site terms that price it.
 
     Segments of late data for a closed month (``adjusts``) are priced in their classes too
     (their sums may be negative: frozen figures negated); whether one GPU's has capacity is
     its own capacity's sign, a class's names its GPUs (none, negated)."""
-    acc = _Acc()
-    gpu_ids = acc.gpu_ids
+    gpu_ids: set[int] = set()
     classes: dict[tuple[object, ...], tuple[_SiteTerms, list[_Segment]]] = {}
+    site_of = names.site
     for segment in segments:
         gpu = segment.gpu
         if segment.gpu_ids is not None:  # a class's segment: its GPUs with capacity
@@ -148,7 +159,7 @@ def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Ac
                 gpu_ids.add(gpu.id)
         elif segment.sums["observed_s"] > 0 or segment.offline_h > 0:  # both ≥ 0: capacity > 0
             gpu_ids.add(gpu.id)
-        site = segment.site_terms or names.site(segment.site_id)
+        site = segment.site_terms or site_of(segment.site_id)
         terms = gpu.terms
         key = (
             terms.kind if terms else None,
@@ -163,41 +174,31 @@ def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Ac
             classes[key] = (site, [segment])
         else:
             found[1].append(segment)
-    for site, members in classes.values():
-        # A class of one segment (a GPU's row, as a rule) is priced as it is: the same
-        # figures as its members added up, without adding.
-        first = members[0]
-        if len(members) == 1:
-            _priced_into(acc, first, first.sums, first.offline_h, site)
-        else:
-            _priced_into(acc, first, *_merged(members), site)
-    return acc
+    return gpu_ids, list(classes.values())
+
+
+def _class_sums(members: list[_Segment]) -> tuple[dict[str, float], Decimal]:
+    """A price class's sums and offline hours: those of its one segment (a GPU's row, as a
+    rule: the same figures as its members added up, without adding), else ``_merged``."""
+    if len(members) == 1:
+        return members[0].sums, members[0].offline_h
+    return _merged(members)
 
 
 def _merged(members: list[_Segment]) -> tuple[dict[str, float], Decimal]:
     """The sums and offline hours of ``members`` (of one price class) added in their order
-    (each sum a left fold from the first member's). A large class (a team's GPUs) is folded
-    in C a field at a time: the same floats as adding them one by one, without a Python
-    loop per member."""
-    first, rest = members[0], members[1:]
+    (each sum a left fold from the first member's): each member's sums added to the running
+    ones all at once, in C (a team's 10,000 GPUs: ~10 ms, not a Python loop per field)."""
+    first = members[0]
+    values = _ALL_SUMS(first.sums)
     offline_h = first.offline_h
-    if len(rest) < _FOLD_FROM:
-        sums = dict(first.sums)
-        for member in rest:
-            found = member.sums
-            for name in _SUM_FIELDS:
-                sums[name] += found[name]
-            offline_h += member.offline_h
-    else:
-        dicts = [m.sums for m in rest]
-        start = first.sums
-        sums = {name: reduce(add, map(get, dicts), start[name]) for name, get in _GETTERS}
-        offline_h = reduce(add, (m.offline_h for m in rest), offline_h)
-    return sums, offline_h
+    for member in members[1:]:
+        values = tuple(map(add, values, _ALL_SUMS(member.sums)))
+        offline_h += member.offline_h
+    return dict(zip(_SUM_FIELDS, values, strict=True)), offline_h
 
 
-_FOLD_FROM = 16  # members beyond the first from which a field-at-a-time fold is faster
-_GETTERS = [(name, itemgetter(name)) for name in _SUM_FIELDS]
+_ALL_SUMS = itemgetter(*_SUM_FIELDS)  # a sums dict's values, in ``_SUM_FIELDS`` order
 
 
 def _hours(seconds: float) -> float:
@@ -216,22 +217,83 @@ class _Lead:
     work_utilization: float | None
     throttled_hours: float
     offline_hours: float
+    idle_cost: Decimal
+    priced: bool
 
 
 def _lead(acc: _Acc) -> _Lead:
     s = acc.sums
-    air_h = cm.hours_from_seconds(seconds=s["air_s"])
+    return _lead_figures(
+        acc.capacity_h,
+        acc.offline_h,
+        acc.idle_cost,
+        acc.priced,
+        s["air_s"],
+        s["sm_active_s"],
+        s["sm_observed_s"],
+        s["throttle_any_s"],
+    )
+
+
+def _lead_of(segments: list[_Segment], names: _NamesAndSiteTerms) -> _Lead:
+    """``_lead(_accumulated(segments, names))`` without the rest of the accumulation: the
+    same price classes, their sums added in the same order, the capacity and idle cost of
+    each from the same formulas (``cost_model.segment_idle_cost``), so the same figures to
+    the last digit. Every GPU of a 10,000-GPU board is ordered by these; only the rows drawn
+    are accumulated whole."""
+    capacity_h = offline_h = idle = Decimal(0)
+    air_s = sm_active_s = sm_observed_s = throttle_any_s = 0.0
+    priced = True
+    for site, members in _classes(segments, names)[1]:
+        first = members[0]
+        sums, offline = _class_sums(members)
+        gpu = first.gpu
+        capacity, idle_cost = cm.segment_idle_cost(
+            gpu.kind,
+            gpu.rates[first.phase],
+            sums["observed_s"],
+            offline,
+            sums["air_s"],
+            sums["idle_energy_j"],
+            site.pue,
+            site.price_per_kwh,
+        )
+        capacity_h += capacity
+        offline_h += offline
+        idle += idle_cost
+        air_s += sums["air_s"]
+        sm_active_s += sums["sm_active_s"]
+        sm_observed_s += sums["sm_observed_s"]
+        throttle_any_s += sums["throttle_any_s"]
+        if gpu.terms is None or site.name is None:  # as ``_priced_into`` tells
+            priced = False
+    return _lead_figures(
+        capacity_h, offline_h, idle, priced, air_s, sm_active_s, sm_observed_s, throttle_any_s
+    )
+
+
+def _lead_figures(
+    capacity_h: Decimal,
+    offline_h: Decimal,
+    idle_cost: Decimal,
+    priced: bool,
+    air_s: float,
+    sm_active_s: float,
+    sm_observed_s: float,
+    throttle_any_s: float,
+) -> _Lead:
+    air_h = cm.hours_from_seconds(seconds=air_s)
     return _Lead(
         air_h=air_h,
-        utilization=cm.utilization(air_hours=air_h, capacity_hours=acc.capacity_h),
-        hours_in_air_per_day=cm.hours_in_air_per_day(
-            air_hours=air_h, capacity_hours=acc.capacity_h
-        ),
+        utilization=cm.utilization(air_hours=air_h, capacity_hours=capacity_h),
+        hours_in_air_per_day=cm.hours_in_air_per_day(air_hours=air_h, capacity_hours=capacity_h),
         work_utilization=cm.activity_share(
-            active_seconds=s["sm_active_s"], measured_seconds=s["sm_observed_s"]
+            active_seconds=sm_active_s, measured_seconds=sm_observed_s
         ),
-        throttled_hours=_hours(s["throttle_any_s"]),
-        offline_hours=float(acc.offline_h),
+        throttled_hours=_hours(throttle_any_s),
+        offline_hours=float(offline_h),
+        idle_cost=idle_cost,
+        priced=priced,
     )
 
 
@@ -796,23 +858,17 @@ def cost_rows_deferred_by(
     now: dt.datetime | None = None,
 ) -> dict[str, list[DeferredRow]]:
     """``cost_rows_by`` with every row deferred: the same groups in the same order, each
-    row's money accumulated and its ordering figures computed, the rest of the row made by
-    ``row()`` (``[d.row() for d in rows]`` is ``cost_rows_by``'s list)."""
+    row's ordering figures computed (``_lead_of``: not its whole accumulation), the rest of
+    the row made by ``row()`` (``[d.row() for d in rows]`` is ``cost_rows_by``'s list)."""
     computation = _grouped_compute(start, end, group_bys, period, filters, now)
     spans = computation.pooled
-    by_gpu = _grouped(computation, "gpu") if "gpu" in group_bys else None
+    names = computation.names
     out: dict[str, list[DeferredRow]] = {}
     for group_by in group_bys:
         rows = out[group_by] = []
-        if by_gpu is not None and group_by == "gpu":
-            groups = _kept(by_gpu.values(), computation.names)
-        elif by_gpu is not None and group_by in _OF_THE_GPU:
-            groups = _gpus_grouped(by_gpu, group_by, computation.names)
-        else:
-            groups = _groups(computation, group_by)
-        for entry in groups:
-            acc = _row_acc(entry, computation, spans)
-            lead = _lead(acc)
+        for entry in _groups(computation, group_by):
+            # An adjustment is accumulated already (to tell whether it is a row).
+            lead = _lead(entry.acc) if entry.acc else _lead_of(entry.segments, names)
             rows.append(
                 DeferredRow(
                     key=entry.key,
@@ -820,67 +876,15 @@ def cost_rows_deferred_by(
                     utilization=lead.utilization,
                     work_utilization=lead.work_utilization,
                     hours_in_air_per_day=lead.hours_in_air_per_day,
-                    idle_cost=acc.idle_cost,
+                    idle_cost=lead.idle_cost,
                     offline_hours=lead.offline_hours,
                     throttled_hours=lead.throttled_hours,
-                    priced=acc.priced,
+                    priced=lead.priced,
                     last_seen_at=entry.segments[0].gpu.last_seen_at if group_by == "gpu" else None,
-                    make=functools.partial(_row, entry, computation, spans, acc, lead),
+                    make=functools.partial(_row, entry, computation, spans, None, lead),
                 )
             )
     return out
-
-
-# Groupings by what a GPU is, whatever its attribution: each group is a set of GPUs' groups.
-_OF_THE_GPU = ("model", "fleet")
-
-
-def _gpus_grouped(
-    by_gpu: dict[_GroupKey, _Group], group_by: str, names: _NamesAndSiteTerms
-) -> list[_Group]:
-    """The rows of ``group_by`` (one of ``_OF_THE_GPU``) made of the computation's GPU
-    groups (``_grouped(computation, "gpu")``, negligible adjustments too), each GPU's money
-    accumulated once: a row's is the sum of its GPUs' (``_acc_sum``), not the cost model
-    run again over their segments. Every figure is linear in the segments' sums, so these
-    are the rows of ``_groups(computation, group_by)`` up to the last digits of float and
-    28-digit Decimal sums taken in another order. The GPU groups keep their accumulation
-    (their own rows use it)."""
-    accs: dict[_GroupKey, list[_Acc]] = {}
-    out: dict[_GroupKey, _Group] = {}
-    for gpu_entry in by_gpu.values():
-        first = gpu_entry.segments[0]
-        key, name = _group_of(first.gpu, first, group_by, names)
-        place = (gpu_entry.bucket, key, gpu_entry.adjusts)
-        entry = out.get(place)
-        if entry is None:
-            entry = out[place] = _Group(gpu_entry.bucket, key, name, gpu_entry.adjusts, [])
-            accs[place] = []
-        gpu_entry.acc = gpu_entry.acc or _accumulated(gpu_entry.segments, names)
-        accs[place].append(gpu_entry.acc)
-        entry.segments += gpu_entry.segments
-    for place, entry in out.items():
-        entry.acc = _acc_sum(accs[place])
-    return _kept(out.values(), names)
-
-
-def _acc_sum(accs: list[_Acc]) -> _Acc:
-    """Accumulations added up, into a new one: every field is a sum, each a left fold from
-    zero in their order (in C a field at a time, as ``_merged`` folds); the GPUs a union,
-    ``priced`` whether all are."""
-    total = _Acc()
-    total.gpu_ids = set().union(*(acc.gpu_ids for acc in accs))
-    sums = [acc.sums for acc in accs]
-    total.sums = {name: reduce(add, map(get, sums), 0.0) for name, get in _GETTERS}
-    for name in _ACC_SUMS:
-        setattr(total, name, reduce(add, map(attrgetter(name), accs), getattr(total, name)))
-    total.priced = all(acc.priced for acc in accs)
-    return total
-
-
-# The fields of an accumulation that are sums (beside ``sums``, ``gpu_ids`` and ``priced``).
-_ACC_SUMS = [
-    f.name for f in dataclasses.fields(_Acc) if f.name not in ("gpu_ids", "sums", "priced")
-]
 
 
 def fleet_trend(
