@@ -24,7 +24,7 @@ from typing import Any
 
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection
-from django.db.models import F, FloatField, Q, QuerySet, Sum
+from django.db.models import DateField, F, FloatField, Q, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
@@ -105,12 +105,14 @@ def frozen_segments(
     adjusts: dt.date | None = None,
     by_class: bool = False,
     days: tuple[dt.date, dt.date] | None = None,
+    period: str = "day",
 ) -> list[_Segment]:
     """The stored segments of closed months that ``where`` selects, summed in SQL per GPU,
     attribution and terms (``by_class``, on PostgreSQL: per price class of the GPUs, as
     ``sums._compute`` sums live ones, naming the GPUs; no node), each GPU standing in with
-    the rate it was priced at then. ``bucket``: a day's bucket (the rows summed per day), or
-    the one bucket of them all (summed over their days).
+    the rate it was priced at then. ``bucket``: a day's bucket (the rows summed per day, or
+    per ISO week or month with ``period`` "week" or "month", in SQL: the rows a page by week
+    reads are 7 times fewer), or the one bucket of them all (summed over their days).
 
     ``sign`` 1: as stored (an adjustment a closed month carried stays one, for its day);
     -1: negated, as the frozen part of a new adjustment: for ``adjusts`` (the closed month,
@@ -123,11 +125,15 @@ def frozen_segments(
     per_day = not isinstance(bucket, _Bucket) or (sign < 0 and adjusts is None)
     by_class = by_class and connection.vendor == "postgresql" and bool(loaded.gpus)
     keys = [*(_AT[1:] if by_class else _AT), *_TERMS]
-    if per_day:
+    rows = ClosedSegment.objects.filter(where, close__closed=True)
+    truncated = _TRUNCATED.get(period) if not isinstance(bucket, _Bucket) else None
+    if truncated is not None:  # each row's bucket's first day (as ``_bucket_key`` gives it)
+        rows = rows.annotate(bucket_day=RawSQL(truncated, (), output_field=DateField()))
+        keys.append("bucket_day")
+    elif per_day:
         keys.append("day")
     if sign > 0 or adjusts is None:
         keys.append("adjusts")
-    rows = ClosedSegment.objects.filter(where, close__closed=True)
     if filters.models or filters.gpus:  # few GPUs: the others' rows are not read
         rows = rows.filter(gpu_id__in=list(loaded.gpus))
     sums: dict[str, Any] = {f"s_{f}": Cast(Sum(f), FloatField()) for f in _SUM_FIELDS}
@@ -150,10 +156,12 @@ def frozen_segments(
     else:
         summed = rows.values("gpu_id", *keys).annotate(**sums).order_by()
     read: list[dict[str, Any]] | None = None
+    day_key = "day"  # the day a row's bucket is looked up by
     if classes is not None and days is not None and per_day and sign > 0:
-        read = _class_day_rows(*days, classes)
+        read = _class_day_rows(*days, classes)  # per day
     if read is None:
         read = _frozen_rows(summed, by_class=classes is not None)
+        day_key = "bucket_day" if truncated else "day"
     stand_ins: dict[tuple[Any, ...], _GpuInfo] = {}
     priced_at: dict[
         tuple[Any, ...], tuple[cm.CostTerms | None, tuple[Decimal, Decimal, Decimal]]
@@ -195,7 +203,7 @@ def frozen_segments(
         carried = row.get("adjusts")
         segment = _Segment(
             gpu=stand_in,
-            bucket=bucket if isinstance(bucket, _Bucket) else bucket(row["day"]),
+            bucket=bucket if isinstance(bucket, _Bucket) else bucket(row[day_key]),
             phase=0,
             node_id=row.get("node_id_at"),
             pool_id=row["pool_id_at"],
@@ -218,6 +226,13 @@ def frozen_segments(
     if missing:  # nodes a GPU has since left
         names.nodes.update(Node.objects.filter(pk__in=missing).values_list("id", "hostname"))
     return out
+
+
+# A stored row's bucket by ISO week (its Monday) or month (its first day), in SQL.
+_TRUNCATED = {
+    "week": "(day - (extract(isodow FROM day)::int - 1))",
+    "month": "date_trunc('month', day)::date",
+}
 
 
 @dataclasses.dataclass
@@ -487,6 +502,7 @@ def compute(
                 bucket=all_buckets[0] if period == "all" else bucket_for,
                 by_class=by_class,
                 days=None if months or adjustments_only else (run_start, run_end),
+                period=period,
             )
             continue
         if adjustments_only:
