@@ -226,6 +226,11 @@ class ClosedSegment(ClosedFigures):
     # first day): what a read of whole closed months, or of a month's late data, sums
     # instead of a row per GPU and day (never set on an adjustment).
     whole_month = models.BooleanField(default=False)
+    # A month row's days: bit d - 1 set where its GPU had a day row on day d at the row's
+    # attribution and terms. A count of a closed week's or day's rows (``counting``) reads
+    # the month rows with these, not every day row (issue 19). Null on day rows and
+    # adjustments, and on month rows of closes made before it was kept outside PostgreSQL.
+    days = models.IntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [

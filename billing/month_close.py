@@ -59,7 +59,7 @@ def month_ended_check(*, month: dt.date, now: dt.datetime | None = None) -> Zone
 def closing_rows(month: dt.date, computation: _Computation) -> list[dict[str, Any]]:
     """The ``ClosedSegment`` fields a close stores of its month's computation: one row per
     segment of the month's own, and those summed per GPU, attribution and terms over the
-    month (``whole_month``); and its late data for earlier closed months as the computation
+    month (``whole_month``, with the days they sum: ``days``); and its late data for earlier closed months as the computation
     found it (netted per GPU, corrected day, attribution and terms: ``closing.late_data``)."""
     rows: list[dict[str, Any]] = []
     months: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -76,7 +76,8 @@ def closing_rows(month: dt.date, computation: _Computation) -> list[dict[str, An
         }
         rows.append(fields)
         if segment.adjusts is None:
-            month_row = {**fields, "day": month, "whole_month": True}
+            day_bit = 1 << (segment.bucket.key.day - 1)
+            month_row = {**fields, "day": month, "whole_month": True, "days": day_bit}
             key = tuple(month_row[k] for k in _MONTH_ROW_BY)
             found = months.get(key)
             if found is None:
@@ -84,6 +85,7 @@ def closing_rows(month: dt.date, computation: _Computation) -> list[dict[str, An
             else:
                 for name in (*_SUM_FIELDS, "offline_h"):
                     found[name] += month_row[name]
+                found["days"] |= day_bit
     return rows + list(months.values())
 
 

@@ -30,17 +30,15 @@ import dataclasses
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from functools import reduce
-from operator import or_
 from typing import Any
 
-from django.db.models import Count, F, IntegerField, Q
+from django.db.models import F, IntegerField, Q
 from django.db.models.expressions import RawSQL
 
 from billing import cost_model as cm
 from billing.models import ClosedSegment
 from billing.selectors.calendar import _buckets, _local_midnight, month_after
-from billing.selectors.closing import BucketCloses, _closed_run, bucket_closes, closed_months
+from billing.selectors.closing import BucketCloses, bucket_closes, closed_months
 from billing.selectors.literals import array_literal, by_id, dates_literal
 from billing.selectors.loading import _Loaded
 from billing.selectors.sums import _kept_now
@@ -120,7 +118,6 @@ def bucket_counts(
     # wholly open or wholly closed, and its rows are the union of its pieces' keys.
     closed = closed_months()
     pieces, owner = _pieces(buckets, set(closed), zone)
-    mixed = len(pieces) > len(buckets)
     closes = bucket_closes(start, end, pieces, closed)
     if closes is None:
         return None
@@ -202,8 +199,11 @@ def bucket_counts(
             counts[i] += 1
     stored: dict[int, int | set[str]] = {}
     if closes.touched:
+        # By GPU a piece of a bucket across a close's edge lists its GPUs (the bucket's
+        # rows are the union of its pieces' keys); every other closed bucket counts them.
+        across_edge = {i for ids in of_bucket if len(ids) > 1 for i in ids}
         stored = _closed_keys(
-            loaded, pieces, closes, period, filters, group_by, skip=moved, listed=mixed
+            loaded, pieces, closes, filters, group_by, skip=moved, listed=across_edge
         )
         for i, shut in enumerate(closes.shut):
             if shut:
@@ -266,20 +266,32 @@ def _pieces(
 # The closed days' rows, as ``closing.frozen_segments`` reads them for a page, per bucket
 # and group: the rows (not the adjustments) a close stored, of the GPUs of the computation
 # (a dense array by GPU id: the group's code of each, or -1), at the filters' attribution.
-# By GPU the rows are the GPUs a bucket holds (counted); else the groups' codes (listed).
+# They are read from the month rows (``m``, ``closing_rows``) by the days each holds (a bit
+# per day: ``ClosedSegment.days``), a month row standing for its day rows: each closed
+# bucket (``p.i``) asks the months it lies in for its days (``p.mask``). A bucket listed
+# (``p.listed``: of a bucket across a close's edge, or grouped by other than GPU) gives its
+# groups' keys; else its number of GPUs. Constant SQL around Django's statement.
+_CLOSED_KEYS_SQL = """
+SELECT p.i, p.listed, CASE WHEN p.listed THEN m.key END, count(DISTINCT m.gpu_id)
+FROM ({rows}) AS m
+JOIN unnest(%s::int[], %s::date[], %s::int[], %s::bool[]) AS p(i, month, mask, listed)
+  ON m.day = p.month AND (coalesce(m.days, 2147483647) & p.mask) <> 0
+GROUP BY 1, 2, 3
+"""
+
+
 def _closed_keys(
     loaded: _Loaded,
     buckets: list[_Bucket],
     closes: BucketCloses,
-    period: str,
     filters: Filters,
     group_by: str,
     *,
     skip: set[int],
-    listed: bool = False,
+    listed: set[int],
 ) -> dict[int, int | set[str]]:
-    """Per closed bucket index: its rows by GPU (a count, or with ``listed`` their keys),
-    else the keys of its rows."""
+    """Per closed bucket index: by GPU the number of its rows (``listed``: their keys), else
+    the keys of its rows."""
     names = loaded.names
     members = [
         g
@@ -288,47 +300,68 @@ def _closed_keys(
         and (not filters.models or g.model_key in filters.models)
         and (not filters.gpus or g.uuid in filters.gpus)
     ]
-    months = period in ("all", "month")
-    where = reduce(or_, (_closed_run(a, b, months=months) for a, b in closes.runs))
-    # The closes by id, not joined: by day the rows come in the order of their index
-    # (billing_closedseg_day_keys), grouped without a sort.
-    rows = ClosedSegment.objects.filter(where, close_id__in=closes.close_ids, adjusts__isnull=True)
-    rows = rows.filter(_kept_at(filters, names))
     if not members:
         return {}
+    # Each closed bucket's days, by the months it lies in.
+    at: list[int] = []
+    months: list[dt.date] = []
+    masks: list[int] = []
+    lists: list[bool] = []
+    for i, shut in enumerate(closes.shut):
+        if not shut:
+            continue
+        day, last = buckets[i].local_start.date(), buckets[i].local_end.date()
+        while day < last:
+            upto = min(last, month_after(day))
+            at.append(i)
+            months.append(day.replace(day=1))
+            masks.append(((1 << (upto - day).days) - 1) << (day.day - 1))
+            lists.append(group_by != "gpu" or i in listed)
+            day = upto
     # A model's rows are its GPUs' (the model they have now, as the frozen rows are priced).
     models = sorted({g.model_key for g in members}) if group_by == "model" else []
     codes, base, top = by_id(
         {g.id: models.index(g.model_key) if models else 0 for g in members}, -1
     )
     code = RawSQL("(%s::int[])[gpu_id - %s]", (array_literal(codes), base), IntegerField())
-    rows = rows.filter(gpu_id__gt=base, gpu_id__lte=top).annotate(code=code)
-    rows = rows.filter(code__gte=0)
-    index: dict[Any, int]  # a row's b → its bucket's index
-    if period == "day":
-        index = {b.key: i for i, b in enumerate(buckets)}
-        rows = rows.annotate(b=F("day"))
-    else:
-        firsts = dates_literal([b.local_start.date() for b in buckets])
-        rows = rows.annotate(b=RawSQL("width_bucket(day, %s::date[])", (firsts,), IntegerField()))
-        index = {i + 1: i for i in range(len(buckets))}
-    if group_by == "gpu" and not listed:
-        counted = rows.values("b").annotate(n=Count("gpu_id", distinct=True)).order_by()
-        return {index[row["b"]]: row["n"] for row in counted}
     column = {"node": "node_id_at", "team": "team_id_at", "pool": "pool_id_at"}
     column |= {"site": "site_id_at", "model": "code", "fleet": "code", "gpu": "gpu_id"}
-    found = list(rows.values_list("b", column[group_by]).distinct().order_by())
+    rows = (
+        ClosedSegment.objects.filter(
+            close_id__in=closes.close_ids, whole_month=True, day__in=sorted(set(months))
+        )
+        .filter(_kept_at(filters, names), gpu_id__gt=base, gpu_id__lte=top)
+        .annotate(code=code, key=F(column[group_by]))
+        .filter(code__gte=0)
+        .values("day", "days", "gpu_id", "key")
+    )
+    sql, params = rows.query.sql_with_params()
+    with read_cursor() as cursor:
+        cursor.execute(
+            _CLOSED_KEYS_SQL.format(rows=sql),
+            [*params, array_literal(at), dates_literal(months), array_literal(masks)]
+            + [_bools(lists)],
+        )
+        found = cursor.fetchall()
     if group_by == "node":
-        missing = {n for _, n in found if n is not None} - names.nodes.keys()
+        missing = {n for _, _, n, _ in found if n is not None} - names.nodes.keys()
         if missing:  # nodes a GPU has since left
             names.nodes.update(Node.objects.filter(pk__in=missing).values_list("id", "hostname"))
     out: dict[int, int | set[str]] = {}
     uuids = {g.id: g.uuid for g in members} if group_by == "gpu" else {}
-    for b, value in found:
-        keys = out.setdefault(index[b], set())
+    for i, is_listed, value, count in found:
+        if not is_listed:
+            out[i] = count
+            continue
+        keys = out.setdefault(i, set())
         assert isinstance(keys, set)
         keys.add(uuids[value] if uuids else _key_at(group_by, value, models, names))
     return out
+
+
+def _bools(values: list[bool]) -> str:
+    """Booleans as a PostgreSQL array literal."""
+    return "{" + ",".join("t" if v else "f" for v in values) + "}"
 
 
 def _key_at(group_by: str, value: Any, models: list[str], names: _NamesAndSiteTerms) -> str:

@@ -49,6 +49,9 @@ def test_a_close_keeps_a_month_row_per_gpu_and_only_the_late_data(
     # 720 h in service, 20 observed: 700 offline, 4 of them on 2 March, 24 on each later day.
     assert month.offline_h == sum(d.offline_h for d in days) == Decimal(700)
     assert sorted({d.day.day for d in days}) == list(range(2, 32))
+    # Its days: 2 to 31 March, a bit each (bit d - 1 for day d).
+    assert month.days == sum(1 << (d - 1) for d in range(2, 32)) == 2**31 - 2
+    assert {d.days for d in days} == {None}
 
     with time_machine.travel(at("2026-05-03T00"), tick=False):
         close("2026-04")
@@ -249,3 +252,41 @@ def test_the_migration_turns_stored_documents_into_columns_and_month_rows(fleet:
             "fra1",
         )
         assert (row.pue, row.price_per_kwh, row.grid_g_per_kwh) == ("1.50", "0.2000", "400.0")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_gives_month_rows_stored_before_their_days(
+    awkward: dict[str, Any],  # noqa: F811 (the fixture)
+) -> None:
+    """Month rows stored before a close kept their days get them from their day rows
+    (billing 0011, PostgreSQL): each the days of its GPU's day rows at its attribution and
+    terms, as a close keeps them. On the awkward fleet "mover" has a month row per pool
+    (in serve until 5 March, 11:00, in train from then: days 1-5 and 5-31), "late" its
+    days from its service start, "retired" those to its retirement."""
+    from django.db import connection
+
+    from billing.models import ClosedSegment
+    from billing.month_close import month_close
+
+    with time_machine.travel(at("2026-04-03T00"), tick=False):
+        month_close(month=MARCH_1, by="test")
+    month_rows = ClosedSegment.objects.filter(whole_month=True)
+    kept = dict(month_rows.values_list("pk", "days"))
+    assert kept and None not in kept.values()
+    day_rows = ClosedSegment.objects.filter(whole_month=False, adjusts__isnull=True)
+    for row in month_rows:
+        same = day_rows.filter(
+            gpu_id=row.gpu_id,
+            node_id_at=row.node_id_at,
+            pool_id_at=row.pool_id_at,
+            rate=row.rate,
+            site_name=row.site_name,
+        )
+        assert row.days == sum({1 << (d.day.day - 1) for d in same}), row.gpu_id
+    assert len(set(kept.values())) > 1  # not every GPU has every day
+    if connection.vendor != "postgresql":
+        return
+    month_rows.update(days=None)
+    with migrated_back("billing", "0010_close_state"):
+        pass
+    assert dict(month_rows.values_list("pk", "days")) == kept
