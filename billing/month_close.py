@@ -59,8 +59,9 @@ def month_ended_check(*, month: dt.date, now: dt.datetime | None = None) -> Zone
 def closing_rows(month: dt.date, computation: _Computation) -> list[dict[str, Any]]:
     """The ``ClosedSegment`` fields a close stores of its month's computation: one row per
     segment of the month's own, and those summed per GPU, attribution and terms over the
-    month (``whole_month``, with the days they sum: ``days``); and its late data for earlier closed months as the computation
-    found it (netted per GPU, corrected day, attribution and terms: ``closing.late_data``)."""
+    month (``whole_month``, with the days they sum: ``days``); and its late data for earlier
+    closed months as the computation found it (netted per GPU, corrected day, attribution
+    and terms: ``closing.late_data``)."""
     rows: list[dict[str, Any]] = []
     months: dict[tuple[Any, ...], dict[str, Any]] = {}
     for segment in computation.segments:

@@ -267,16 +267,19 @@ def _pieces(
 # and group: the rows (not the adjustments) a close stored, of the GPUs of the computation
 # (a dense array by GPU id: the group's code of each, or -1), at the filters' attribution.
 # They are read from the month rows (``m``, ``closing_rows``) by the days each holds (a bit
-# per day: ``ClosedSegment.days``), a month row standing for its day rows: each closed
-# bucket (``p.i``) asks the months it lies in for its days (``p.mask``). A bucket listed
-# (``p.listed``: of a bucket across a close's edge, or grouped by other than GPU) gives its
-# groups' keys; else its number of GPUs. Constant SQL around Django's statement.
+# per day, ``ClosedSegment.days``; every day where a row of a close made before them has
+# none): a month row stands for its day rows. Per group (``key``) and month, the days of
+# its rows together; by GPU counted per set of days (``n``: a few sets, not a row per GPU)
+# but in the months of the buckets whose GPUs are listed (``listed``). Constant SQL around
+# Django's statement.
 _CLOSED_KEYS_SQL = """
-SELECT p.i, p.listed, CASE WHEN p.listed THEN m.key END, count(DISTINCT m.gpu_id)
-FROM ({rows}) AS m
-JOIN unnest(%s::int[], %s::date[], %s::int[], %s::bool[]) AS p(i, month, mask, listed)
-  ON m.day = p.month AND (coalesce(m.days, 2147483647) & p.mask) <> 0
-GROUP BY 1, 2, 3
+WITH g AS (
+    SELECT m.key, m.day, bit_or(coalesce(m.days, 2147483647)) AS days
+    FROM ({rows}) AS m GROUP BY 1, 2
+)
+SELECT NULL, day, days, count(*) FROM g WHERE %s GROUP BY 2, 3
+UNION ALL
+SELECT key, day, days, 1 FROM g WHERE NOT %s OR day = ANY(%s::date[])
 """
 
 
@@ -290,8 +293,8 @@ def _closed_keys(
     skip: set[int],
     listed: set[int],
 ) -> dict[int, int | set[str]]:
-    """Per closed bucket index: by GPU the number of its rows (``listed``: their keys), else
-    the keys of its rows."""
+    """Per closed bucket index: by GPU the number of its rows (``listed``, or a bucket across
+    two closed months: their keys), else the keys of its rows."""
     names = loaded.names
     members = [
         g
@@ -302,22 +305,20 @@ def _closed_keys(
     ]
     if not members:
         return {}
-    # Each closed bucket's days, by the months it lies in.
-    at: list[int] = []
-    months: list[dt.date] = []
-    masks: list[int] = []
-    lists: list[bool] = []
+    # Each closed bucket's days, by the months it lies in: {index: [(month, days)]}.
+    wanted: dict[int, list[tuple[dt.date, int]]] = {}
     for i, shut in enumerate(closes.shut):
         if not shut:
             continue
         day, last = buckets[i].local_start.date(), buckets[i].local_end.date()
+        parts = wanted[i] = []
         while day < last:
             upto = min(last, month_after(day))
-            at.append(i)
-            months.append(day.replace(day=1))
-            masks.append(((1 << (upto - day).days) - 1) << (day.day - 1))
-            lists.append(group_by != "gpu" or i in listed)
+            parts.append((day.replace(day=1), ((1 << (upto - day).days) - 1) << (day.day - 1)))
             day = upto
+    counted = group_by == "gpu"
+    if counted:  # a bucket across two months must not count a GPU twice: listed too
+        listed = listed | {i for i, parts in wanted.items() if len(parts) > 1}
     # A model's rows are its GPUs' (the model they have now, as the frozen rows are priced).
     models = sorted({g.model_key for g in members}) if group_by == "model" else []
     codes, base, top = by_id(
@@ -326,36 +327,45 @@ def _closed_keys(
     code = RawSQL("(%s::int[])[gpu_id - %s]", (array_literal(codes), base), IntegerField())
     column = {"node": "node_id_at", "team": "team_id_at", "pool": "pool_id_at"}
     column |= {"site": "site_id_at", "model": "code", "fleet": "code", "gpu": "gpu_id"}
+    months = sorted({month for parts in wanted.values() for month, _ in parts})
     rows = (
         ClosedSegment.objects.filter(
-            close_id__in=closes.close_ids, whole_month=True, day__in=sorted(set(months))
+            close_id__in=closes.close_ids, whole_month=True, day__in=months
         )
         .filter(_kept_at(filters, names), gpu_id__gt=base, gpu_id__lte=top)
         .annotate(code=code, key=F(column[group_by]))
         .filter(code__gte=0)
-        .values("day", "days", "gpu_id", "key")
+        .values("key", "day", "days")
     )
     sql, params = rows.query.sql_with_params()
+    listed_months = sorted({month for i in listed if i in wanted for month, _ in wanted[i]})
     with read_cursor() as cursor:
         cursor.execute(
             _CLOSED_KEYS_SQL.format(rows=sql),
-            [*params, array_literal(at), dates_literal(months), array_literal(masks)]
-            + [_bools(lists)],
+            [*params, counted, counted, dates_literal(listed_months)],
         )
         found = cursor.fetchall()
     if group_by == "node":
-        missing = {n for _, _, n, _ in found if n is not None} - names.nodes.keys()
+        missing = {n for n, _, _, _ in found if n is not None} - names.nodes.keys()
         if missing:  # nodes a GPU has since left
             names.nodes.update(Node.objects.filter(pk__in=missing).values_list("id", "hostname"))
+    by_month: dict[dt.date, list[tuple[Any, int, int]]] = defaultdict(list)
+    for key, month, days, count in found:
+        by_month[month].append((key, days, count))
     out: dict[int, int | set[str]] = {}
-    uuids = {g.id: g.uuid for g in members} if group_by == "gpu" else {}
-    for i, is_listed, value, count in found:
-        if not is_listed:
-            out[i] = count
+    uuids = {g.id: g.uuid for g in members} if counted else {}
+    for i, parts in wanted.items():
+        if counted and i not in listed:
+            out[i] = sum(
+                n for key, days, n in by_month[parts[0][0]] if key is None and days & parts[0][1]
+            )
             continue
-        keys = out.setdefault(i, set())
-        assert isinstance(keys, set)
-        keys.add(uuids[value] if uuids else _key_at(group_by, value, models, names))
+        out[i] = {
+            uuids[key] if uuids else _key_at(group_by, key, models, names)
+            for month, mask in parts
+            for key, days, _ in by_month[month]
+            if key is not None and days & mask
+        }
     return out
 
 
