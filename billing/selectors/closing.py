@@ -20,6 +20,7 @@ from array import array
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from operator import itemgetter, neg
 from typing import Any
 
 from django.contrib.postgres.aggregates import ArrayAgg
@@ -92,6 +93,7 @@ def _runs(
 
 _AT = ("node_id_at", "pool_id_at", "team_id_at", "site_id_at")
 _S_FIELDS = [(f, f"s_{f}") for f in _SUM_FIELDS]  # each sum and its column in a read
+_S_VALUES = itemgetter(*(s_f for _, s_f in _S_FIELDS))  # a read row's sums, in that order
 _TERMS = ("rate", "kind", "site_name", "pue", "price_per_kwh", "grid_g_per_kwh")
 
 
@@ -201,6 +203,9 @@ def frozen_segments(
             )
         day = row.get("day")
         carried = row.get("adjusts")
+        values = _S_VALUES(row)
+        if None in values:  # never (sums of stored columns), but 0 would stand for it
+            values = tuple(v or 0.0 for v in values)
         segment = _Segment(
             gpu=stand_in,
             bucket=bucket if isinstance(bucket, _Bucket) else bucket(row[day_key]),
@@ -209,11 +214,7 @@ def frozen_segments(
             pool_id=row["pool_id_at"],
             team_id=row["team_id_at"],
             site_id=row["site_id_at"],
-            sums=(
-                {f: row[s_f] or 0.0 for f, s_f in _S_FIELDS}
-                if sign > 0
-                else {f: -(row[s_f] or 0.0) for f, s_f in _S_FIELDS}
-            ),
+            sums=dict(zip(_SUM_FIELDS, values if sign > 0 else map(neg, values), strict=True)),
             offline_h=sign * (row["s_offline_h"] or Decimal(0)),
             site_terms=site_terms,
             adjusts=carried if sign > 0 else (adjusts or carried or day),

@@ -87,12 +87,16 @@ def _gpu_rows(gpu_qs: QuerySet[Gpu]) -> list[dict[str, Any]]:
         cursor.execute(*query.sql_with_params())
         fetched = cursor.fetchall()
     out = []
+    times: dict[int, dt.datetime] = {}  # GPUs bought together share their dates: each once
     for values in map(order, fetched):
         row = dict(zip(_GPU_COLUMNS, values, strict=True))
         for name in _GPU_TIMES:
             found = row[name]
             if found is not None:
-                row[name] = _EPOCH + dt.timedelta(microseconds=found)
+                moment = times.get(found)
+                if moment is None:
+                    moment = times[found] = _EPOCH + dt.timedelta(microseconds=found)
+                row[name] = moment
         out.append(row)
     return out
 
@@ -179,24 +183,25 @@ def _gpu_info(
     terms, phase_rates, boundary_hour = found
     has_model = gpu["model_id"] is not None
     index = gpu["index"]
+    # In the order of its fields, not by keyword: half the time, 10,000 times a page.
     return _GpuInfo(
-        id=gpu["id"],
-        uuid=gpu["uuid"],
-        label=f"{hostname}#{index}" if index is not None else hostname,
-        model_key=gpu["model__key"] if has_model else "",
-        model_name=gpu["model__name"] if has_model else UNASSIGNED_NAME,
-        max_power_w=gpu["model__max_power_w"] if has_model else None,
-        idle_power_w=gpu["model__idle_power_w"] if has_model else None,
-        node_id=gpu["node_id"],
-        pool_id=pool_id or None,
-        team_id=team_id,
-        site_id=site_id,
-        service_start=service_start,
-        retired_at=retired_at,
-        last_seen_at=gpu["last_seen_at"],
-        terms=terms,
-        boundary_hour=boundary_hour,
-        rates=phase_rates,
+        gpu["id"],  # id
+        gpu["uuid"],  # uuid
+        f"{hostname}#{index}" if index is not None else hostname,  # label
+        gpu["model__key"] if has_model else "",  # model_key
+        gpu["model__name"] if has_model else UNASSIGNED_NAME,  # model_name
+        gpu["model__max_power_w"] if has_model else None,  # max_power_w
+        gpu["model__idle_power_w"] if has_model else None,  # idle_power_w
+        gpu["node_id"],  # node_id
+        pool_id or None,  # pool_id
+        team_id,  # team_id
+        site_id,  # site_id
+        service_start,  # service_start
+        retired_at,  # retired_at
+        gpu["last_seen_at"],  # last_seen_at
+        terms,  # terms
+        boundary_hour,  # boundary_hour
+        phase_rates,  # rates
     )
 
 

@@ -561,80 +561,71 @@ def _compute(
     # capacity it has there (``over``), or anything where it has none (its observed hours
     # there are never read below: fewer read than there are).
     over, read = pooled_over, 0
+    # Each GPU's capacity per bucket and phase, worked out once per service start,
+    # retirement, depreciation end and pooled days (GPUs bought together share them).
+    cells_of: dict[tuple[Any, ...], list[tuple[_Bucket, int, Decimal]]] = {}
+    zero = Decimal(0)
     for info in gpus.values():
-        phases = info.phase_intervals()
-        own = buckets
         pooled_span = pooled_days.get(info.id)
-        if pooled_span is not None:  # its offline hours on those days are in pooled segments
-            cut = position[pooled_span[0]], position.get(pooled_span[1], len(buckets))
-            own = buckets[: cut[0]] + buckets[cut[1] :]
-        for bucket in own:
-            span = cm.capacity_interval(
-                service_start=info.service_start,
-                retired_at=info.retired_at,
-                start=bucket.start,
-                end=bucket.end,
-                now=now,
-            )
-            if span is None:
-                continue
-            for phase, lo, hi in phases:
-                if (lo and lo >= span[1]) or (hi and hi <= span[0]):
-                    continue  # no capacity in this phase: no offline hours
-                edges = (max(span[0], lo) if lo else span[0], min(span[1], hi) if hi else span[1])
-                capacity_h = lengths.get(edges)
-                if capacity_h is None:
-                    capacity_h = lengths[edges] = cm.hours_between(start=edges[0], end=edges[1])
-                observed = observed_h.get((info.id, bucket.key, phase), Decimal(0))
-                if observed > 0:
-                    read += 1
-                    over = over or observed > capacity_h
-                offline_h = cm.offline_hours(capacity_hours=capacity_h, observed_hours=observed)
-                if offline_h > 0 and classes is not None:
-                    place: tuple[Any, ...] = (bucket.key, _class_key(info, phase))
-                    place += (info.pool_id, info.team_id, info.site_id)
-                    found = offline_classes.get(place)
-                    if found is None:
-                        offline_classes[place] = _Segment(
-                            gpu=info,
-                            bucket=bucket,
-                            phase=phase,
-                            node_id=None,
-                            pool_id=info.pool_id,
-                            team_id=info.team_id,
-                            site_id=info.site_id,
-                            sums=dict.fromkeys(_SUM_FIELDS, 0.0),
-                            offline_h=offline_h,
-                            gpu_ids={info.id},
-                        )
-                    else:
-                        found.offline_h += offline_h
-                        assert found.gpu_ids is not None
-                        found.gpu_ids.add(info.id)
-                elif offline_h > 0:
-                    # Into the GPU's segment of the same bucket, phase and attribution where
-                    # it has one (the rule: it sent data at its current attribution), else a
-                    # segment of its own: every figure is linear in the sums and offline
-                    # hours, and its sums are the segment's plus zeros.
-                    ident = (info.id, bucket.key, phase, info.node_id, info.pool_id)
-                    ident += (info.team_id, info.site_id)
-                    found_segment = merged.get(ident)
-                    if found_segment is not None:
-                        found_segment.offline_h += offline_h
-                        continue
-                    segments.append(
-                        _Segment(
-                            gpu=info,
-                            bucket=bucket,
-                            phase=phase,
-                            node_id=info.node_id,
-                            pool_id=info.pool_id,
-                            team_id=info.team_id,
-                            site_id=info.site_id,
-                            sums=dict.fromkeys(_SUM_FIELDS, 0.0),
-                            offline_h=offline_h,
-                        )
+        shape = (info.service_start, info.retired_at, info.boundary_hour, pooled_span)
+        cells = cells_of.get(shape)
+        if cells is None:
+            own = buckets
+            if pooled_span is not None:  # its offline hours those days are in pooled segments
+                cut = position[pooled_span[0]], position.get(pooled_span[1], len(buckets))
+                own = buckets[: cut[0]] + buckets[cut[1] :]
+            cells = cells_of[shape] = _capacity_cells(info, own, now, lengths)
+        for bucket, phase, capacity_h in cells:
+            observed = observed_h.get((info.id, bucket.key, phase), zero)
+            if observed > 0:
+                read += 1
+                over = over or observed > capacity_h
+            offline_h = cm.offline_hours(capacity_hours=capacity_h, observed_hours=observed)
+            if offline_h > 0 and classes is not None:
+                place: tuple[Any, ...] = (bucket.key, _class_key(info, phase))
+                place += (info.pool_id, info.team_id, info.site_id)
+                found = offline_classes.get(place)
+                if found is None:
+                    offline_classes[place] = _Segment(
+                        gpu=info,
+                        bucket=bucket,
+                        phase=phase,
+                        node_id=None,
+                        pool_id=info.pool_id,
+                        team_id=info.team_id,
+                        site_id=info.site_id,
+                        sums=dict.fromkeys(_SUM_FIELDS, 0.0),
+                        offline_h=offline_h,
+                        gpu_ids={info.id},
                     )
+                else:
+                    found.offline_h += offline_h
+                    assert found.gpu_ids is not None
+                    found.gpu_ids.add(info.id)
+            elif offline_h > 0:
+                # Into the GPU's segment of the same bucket, phase and attribution where
+                # it has one (the rule: it sent data at its current attribution), else a
+                # segment of its own: every figure is linear in the sums and offline
+                # hours, and its sums are the segment's plus zeros.
+                ident = (info.id, bucket.key, phase, info.node_id, info.pool_id)
+                ident += (info.team_id, info.site_id)
+                found_segment = merged.get(ident)
+                if found_segment is not None:
+                    found_segment.offline_h += offline_h
+                    continue
+                segments.append(
+                    _Segment(
+                        gpu=info,
+                        bucket=bucket,
+                        phase=phase,
+                        node_id=info.node_id,
+                        pool_id=info.pool_id,
+                        team_id=info.team_id,
+                        site_id=info.site_id,
+                        sums=dict.fromkeys(_SUM_FIELDS, 0.0),
+                        offline_h=offline_h,
+                    )
+                )
 
     segments += offline_classes.values()
     over = over or read < sum(1 for hours in observed_h.values() if hours > 0)
@@ -702,6 +693,37 @@ def _partial_months(
                 out.append((month, cursor, last))
             cursor = last
     return out
+
+
+def _capacity_cells(
+    info: _GpuInfo,
+    buckets: list[_Bucket],
+    now: dt.datetime,
+    lengths: dict[tuple[dt.datetime, dt.datetime], Decimal],
+) -> list[tuple[_Bucket, int, Decimal]]:
+    """(bucket, phase, capacity hours) where the GPU has capacity: its service, cut at now,
+    in each bucket and depreciation phase. ``lengths``: the hours of each span, shared."""
+    cells = []
+    phases = info.phase_intervals()
+    for bucket in buckets:
+        span = cm.capacity_interval(
+            service_start=info.service_start,
+            retired_at=info.retired_at,
+            start=bucket.start,
+            end=bucket.end,
+            now=now,
+        )
+        if span is None:
+            continue
+        for phase, lo, hi in phases:
+            if (lo and lo >= span[1]) or (hi and hi <= span[0]):
+                continue  # no capacity in this phase: no offline hours
+            edges = (max(span[0], lo) if lo else span[0], min(span[1], hi) if hi else span[1])
+            capacity_h = lengths.get(edges)
+            if capacity_h is None:
+                capacity_h = lengths[edges] = cm.hours_between(start=edges[0], end=edges[1])
+            cells.append((bucket, phase, capacity_h))
+    return cells
 
 
 def _by_span(

@@ -91,6 +91,16 @@ class _SiteTerms:
     pue: Decimal
     price_per_kwh: Decimal
     grid_g_per_kwh: Decimal
+    # Its hash, worked out once: segments are told into price classes by their terms, tens
+    # of thousands a page (a dataclass hashes its fields' Decimals at every lookup).
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        hashed = hash((self.name, self.pue, self.price_per_kwh, self.grid_g_per_kwh))
+        object.__setattr__(self, "_hash", hashed)
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 # A GPU with no site: PUE 1, price 0, grid 0 (docs/metrics.md), and not priced.
