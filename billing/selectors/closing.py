@@ -518,7 +518,33 @@ def compute(
     base: _Computation | None = None
     additive = True  # the closed days and the late data add up over any buckets
     pooled_gpus: dict[tuple[dt.date, dt.date], set[int]] = {}
+    open_runs = [(a, b) for a, b, is_closed in runs if not is_closed]
+    if (
+        period == "all"
+        and len(open_runs) > 1
+        and not (by_class or pooled or adjustments_only)
+        and loaded.daily_zone
+    ):
+        # The open stretches around closed months read together, per GPU: one statement and
+        # a segment per GPU and attribution, not one per stretch (each stretch's offline
+        # hours its own, as if computed alone).
+        base = _compute(
+            start=start,
+            end=end,
+            period=period,
+            filters=filters,
+            now=now,
+            loaded=loaded,
+            runs=open_runs,
+        )
+        for segment in base.segments:
+            segment.bucket = all_buckets[0]
+        segments += base.segments
+        additive = base.offline_additive
+        open_runs = []
     for run_start, run_end, is_closed in runs:
+        if not is_closed and (run_start, run_end) not in open_runs:
+            continue  # read above
         if is_closed:
             months = period in ("all", "month")
             where = _closed_run(run_start, run_end, months=months)

@@ -3,13 +3,14 @@ with the offline hours; and which segments the filters keep."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import reduce
-from operator import or_
+from operator import add, or_
 from typing import Any
 
 from django.db import connection
@@ -60,6 +61,7 @@ def _summed(
     fields: list[str],
     classes: _Classes | None = None,
     less: Sequence[QuerySet[Any]] = (),
+    runs: int = 1,
 ) -> list[dict[str, Any]]:
     """The rollup sums of ``rows`` per ``fields``, as dicts of ``fields`` and ``"sums"`` (each
     of ``USAGE_SUM_COLUMNS`` as a float: the segment's sums). The statement is Django's, the
@@ -81,17 +83,23 @@ def _summed(
     left (the hourly rows its parts sum, ``hours``, an exact integer: 0) is dropped, and a
     sum within a relative
     ``_RESIDUE`` of its largest part is taken as 0: what is left of rounding, not data
-    (work figures are None, never 0, where no sample carries them)."""
+    (work figures are None, never 0, where no sample carries them).
+
+    ``runs`` (PostgreSQL, more than one): each queryset is of one stretch of the window,
+    tagged with its index (a ``run`` column); each row gives the observed seconds of each
+    stretch beside its sums (``"runs"``), for its offline hours per stretch."""
     sets = rows if isinstance(rows, list) else [rows]
+    assert runs == 1 or classes is None, "stretches are summed per GPU"
+    tags = ["run"] if runs > 1 else []
     # With parts taken away, each part counts the hourly rows it sums (``hours``: exact).
     counted = {_HOURS: Sum("hours")} if less else {}
     summed = [
-        qs.values(*fields)
+        qs.values(*fields, *tags)
         .annotate(**{f: Cast(Sum(f), FloatField()) for f in _SUM_FIELDS}, **counted)
         .order_by()
         for qs in sets
     ] + [
-        qs.values(*fields)
+        qs.values(*fields, *tags)
         .annotate(
             **{f: Cast(Sum(f) * Value(-1), FloatField()) for f in _SUM_FIELDS},
             **{_HOURS: Sum("hours") * Value(-1)},
@@ -110,18 +118,30 @@ def _summed(
         return out
     parts = [qs.query.sql_with_params() for qs in summed]
     sql, params = parts[0][0], list(parts[0][1])
-    if len(parts) > 1:
+    if len(parts) > 1 or tags:
         union = " UNION ALL ".join(f"({part})" for part, _ in parts)
         keys = ", ".join(connection.ops.quote_name(f) for f in fields)
+        observed = _q("observed_s")
         if less:
             sums = ", ".join(
                 f"CASE WHEN abs(sum({_q(f)})) <= max(abs({_q(f)})) * {_RESIDUE!r} THEN 0"
                 f" ELSE sum({_q(f)}) END AS {_q(f)}"
                 for f in _SUM_FIELDS
             )
+            # Each stretch's observed seconds, its own rounding residue dropped likewise.
+            sums += "".join(
+                f", coalesce(CASE WHEN abs(sum({observed}) FILTER (WHERE run = {k}))"
+                f" <= max(abs({observed})) FILTER (WHERE run = {k}) * {_RESIDUE!r}"
+                f" THEN 0 ELSE sum({observed}) FILTER (WHERE run = {k}) END, 0)"
+                for k in range(runs if tags else 0)
+            )
             having = f" HAVING sum({_HOURS}) > 0"
         else:
             sums = ", ".join(f"sum({_q(f)}) AS {_q(f)}" for f in _SUM_FIELDS)
+            sums += "".join(
+                f", coalesce(sum({observed}) FILTER (WHERE run = {k}), 0)"
+                for k in range(runs if tags else 0)
+            )
             having = ""
         # Django's own statements and quoted constant names: no value is spliced in.
         sql = f"SELECT {keys}, {sums} FROM ({union}) AS parts GROUP BY {keys}{having}"  # noqa: S608
@@ -129,17 +149,28 @@ def _summed(
     if classes is not None:
         return _by_class(sql, params, fields, classes)
     n = len(fields)
+    m = n + len(_SUM_FIELDS)
     out = []
     with read_cursor(binary=True) as cursor:
         cursor.execute(sql, params)
         for values in cursor.fetchall():
             row = dict(zip(fields, values[:n], strict=True))
-            found = values[n:]
+            found = values[n:m]
             if None in found:  # never (the sum columns are NOT NULL), but 0 would stand for it
                 found = tuple(v or 0.0 for v in found)
             row["sums"] = dict(zip(_SUM_FIELDS, found, strict=True))
+            if tags:
+                row["runs"] = values[m:]
             out.append(row)
     return out
+
+
+def _of_run(rows: list[dict[str, Any]], run: int, runs: int) -> list[dict[str, Any]]:
+    """``rows`` of one stretch of ``runs`` (``_summed``'s ``runs``): their observed seconds
+    as that stretch's."""
+    for row in rows:
+        row["runs"] = tuple(row["sums"]["observed_s"] if k == run else 0.0 for k in range(runs))
+    return rows
 
 
 _OBSERVED = _SUM_FIELDS.index("observed_s")
@@ -286,9 +317,16 @@ def _compute(
     pooled: bool = False,
     loaded: _Loaded | None = None,
     by_class: bool = False,
+    runs: list[tuple[dt.date, dt.date]] | None = None,
 ) -> _Computation:
     """The segments of [start, end) per ``period`` bucket: per GPU, phase and attribution,
     its rollup sums and its offline hours.
+
+    ``runs`` (period "all", per GPU, not pooled): the stretches of [start, end) to read, the
+    days between them left out (closed months, whose frozen figures stand for them): read
+    in one statement, each stretch's offline hours its capacity less what it observed, as
+    if each were computed alone (so where a GPU observed more than a stretch's capacity,
+    that stretch's offline hours are 0, not the others' less the excess).
 
     ``by_class``: for rows grouped by neither GPU nor node (team, pool, site, model, fleet).
     On the daily tables the sums of the GPUs not split at a depreciation boundary are summed
@@ -320,127 +358,150 @@ def _compute(
             for info in gpus.values()
             if info.id not in split
         )
+    # The stretches of [start, end) read (``runs``: the open ones, closed months between
+    # them); the rows of each are tagged with its index where there are several.
+    stretches = runs or [(start, end)]
+    tagged = len(stretches) > 1
     if daily_zone:
-        # Whole local days, and the day in progress, from the daily pre-aggregate (24× fewer
-        # rows), whole months from the monthly one, except for the GPUs whose depreciation
-        # ends inside the window (that hour is split): hourly rows for those.
-        day = start
-        while day < end and _local_midnight(day + dt.timedelta(days=1), zone) <= capacity_end:
-            day += dt.timedelta(days=1)
-        hourly_from = _local_midnight(day, zone).astimezone(dt.UTC)
-        months_from = months_to = start
         whole: list[QuerySet[Any]] = []  # period "all": the tables read, summed as one
         whole_less: list[QuerySet[Any]] = []  # and the parts taken from them
-        if day > start and period in ("all", "month"):
-            # The whole months inside [start, day) from the monthly pre-aggregate (~30× fewer
-            # rows); the days before and after them from the daily one.
-            months_from = start if start.day == 1 else month_after(start)
-            months_to = max(months_from, day.replace(day=1))
 
         def of_gpus(rows: QuerySet[Any]) -> QuerySet[Any]:
             return _filtered(rows.exclude(gpu_id__in=split_ids) if split_ids else rows, filters)
 
-        if months_to > months_from:
-            monthlies = of_gpus(
-                MonthlyUsage.objects.filter(month__gte=months_from, month__lt=months_to)
+        def as_run(rows: QuerySet[Any], run: int) -> QuerySet[Any]:
+            return rows.annotate(run=Value(run, output_field=IntegerField())) if tagged else rows
+
+        for run, (run_start, run_end) in enumerate(stretches):
+            # Whole local days, and the day in progress, from the daily pre-aggregate (24×
+            # fewer rows), whole months from the monthly one, except for the GPUs whose
+            # depreciation ends inside the window (that hour is split): hourly rows for those.
+            run_first = _local_midnight(run_start, zone).astimezone(dt.UTC)
+            run_capacity_end = max(
+                run_first, min(_local_midnight(run_end, zone).astimezone(dt.UTC), now)
             )
-            if period == "all":  # summed with the daily rows below, in one statement
-                whole.append(monthlies)
-            else:
-                for row in _summed(monthlies, [*_BY_GPU, "month"], classes):
-                    row["bucket"] = row.pop("month")
-                    sum_rows.append(row)
-        # The day in progress (up to now) from its daily row too: the triggers keep that row
-        # equal to the hours rolled up so far, in the rollup's own transaction, so it is the
-        # sum of the day's hourly rows (10,000 rows at 10,000 GPUs, not up to 240,000) --
-        # unless the day has hours at or after now (a window seen as of an earlier time, or
-        # samples from a clock ahead): then its hourly rows up to now, as for every window.
-        in_progress = hourly_from < capacity_end
-        today_daily = in_progress and not _any_row(
-            HourlyUsage.objects.filter(
-                hour__gte=capacity_end,
-                hour__lt=_local_midnight(day + dt.timedelta(days=1), zone),
+            day = run_start
+            while day < run_end and (
+                _local_midnight(day + dt.timedelta(days=1), zone) <= run_capacity_end
+            ):
+                day += dt.timedelta(days=1)
+            hourly_from = _local_midnight(day, zone).astimezone(dt.UTC)
+            months_from = months_to = run_start
+            if day > run_start and period in ("all", "month"):
+                # The whole months inside [start, day) from the monthly pre-aggregate (~30×
+                # fewer rows); the days before and after them from the daily one.
+                months_from = run_start if run_start.day == 1 else month_after(run_start)
+                months_to = max(months_from, day.replace(day=1))
+            if months_to > months_from:
+                monthlies = of_gpus(
+                    MonthlyUsage.objects.filter(month__gte=months_from, month__lt=months_to)
+                )
+                if period == "all":  # summed with the daily rows below, in one statement
+                    whole.append(as_run(monthlies, run))
+                else:
+                    for row in _summed(monthlies, [*_BY_GPU, "month"], classes):
+                        row["bucket"] = row.pop("month")
+                        sum_rows.append(row)
+            # The day in progress (up to now) from its daily row too: the triggers keep that
+            # row equal to the hours rolled up so far, in the rollup's own transaction, so it
+            # is the sum of the day's hourly rows (10,000 rows at 10,000 GPUs, not up to
+            # 240,000) -- unless the day has hours at or after now (a window seen as of an
+            # earlier time, or samples from a clock ahead): then its hourly rows up to now,
+            # as for every window.
+            in_progress = hourly_from < run_capacity_end
+            today_daily = in_progress and not _any_row(
+                HourlyUsage.objects.filter(
+                    hour__gte=run_capacity_end,
+                    hour__lt=_local_midnight(day + dt.timedelta(days=1), zone),
+                )
             )
-        )
-        whole_end = day + dt.timedelta(days=1) if today_daily else day
-        if pooled and day > start and period == "day" and not _by_attribution(filters):
-            # The day in progress too where it is read from its daily rows: every GPU in
-            # service since its midnight has the same capacity there, up to now.
-            pooled_days = _poolable(gpus, split_ids, start, whole_end, zone)
-        days = _less_whole(start, whole_end, months_from, months_to)
-        if period in ("all", "month"):
-            # A month only partly in the window, read as its monthly rows less its daily
-            # rows outside the window, where those are fewer than its days inside it (the
-            # first month of a quarter's window from its 5th: the rows of 4 days and one
-            # month, not of 26 days; the month in progress: its monthly rows alone).
-            today = now.astimezone(zone).date()
-            for month, first, last in _partial_months(days, today):
-                days = _ranges_less(days, first, last)
-                monthly = of_gpus(MonthlyUsage.objects.filter(month=month))
-                outside = of_gpus(
+            whole_end = day + dt.timedelta(days=1) if today_daily else day
+            if pooled and day > start and period == "day" and not _by_attribution(filters):
+                # The day in progress too where it is read from its daily rows: every GPU in
+                # service since its midnight has the same capacity there, up to now.
+                pooled_days = _poolable(gpus, split_ids, start, whole_end, zone)
+            days = _less_whole(run_start, whole_end, months_from, months_to)
+            if period in ("all", "month"):
+                # A month only partly in the window, read as its monthly rows less its daily
+                # rows outside the window, where those are fewer than its days inside it (the
+                # first month of a quarter's window from its 5th: the rows of 4 days and one
+                # month, not of 26 days; the month in progress: its monthly rows alone).
+                today = now.astimezone(zone).date()
+                for month, first, last in _partial_months(days, today):
+                    days = _ranges_less(days, first, last)
+                    monthly = of_gpus(MonthlyUsage.objects.filter(month=month))
+                    outside = of_gpus(
+                        DailyUsage.objects.filter(
+                            Q(day__gte=month, day__lt=first)
+                            | Q(day__gte=last, day__lt=month_after(month))
+                        )
+                    )
+                    if period == "all":
+                        whole.append(as_run(monthly, run))
+                        whole_less.append(as_run(outside, run))
+                    else:
+                        for row in _summed([monthly], list(_BY_GPU), classes, less=[outside]):
+                            row["bucket"] = month
+                            sum_rows.append(row)
+            if days:
+                # The days not read from monthly rows, by the day index, range by range.
+                dailies = of_gpus(
                     DailyUsage.objects.filter(
-                        Q(day__gte=month, day__lt=first)
-                        | Q(day__gte=last, day__lt=month_after(month))
+                        reduce(or_, (Q(day__gte=a, day__lt=b) for a, b in days))
                     )
                 )
+                if pooled_days:
+                    # Only the GPU-days not pooled: the days outside each pooled GPU's span,
+                    # and every day of the other GPUs (few spans: most GPUs share one, so the
+                    # days outside it are read by the day index, not by scanning the table).
+                    by_range: dict[tuple[dt.date, dt.date], list[int]] = defaultdict(list)
+                    for gpu_id, gpu_days in pooled_days.items():
+                        by_range[gpu_days].append(gpu_id)
+                    unpooled = [g for g in gpus if g not in pooled_days]
+                    if len(by_range) == 1 and not unpooled:
+                        # Every GPU pooled over one span (the rule): the days outside it, with
+                        # no list of ids (other GPUs' rows find no GPU below and are left
+                        # out).
+                        ((first, last),) = by_range
+                        wanted = Q(day__lt=first) | Q(day__gte=last)
+                    else:
+                        wanted = Q(gpu_id__in=unpooled) if unpooled else Q(pk__in=[])
+                        for (first, last), ids in by_range.items():
+                            wanted |= Q(gpu_id__in=ids) & (Q(day__lt=first) | Q(day__gte=last))
+                    dailies = dailies.filter(wanted)
+                fields = list(_BY_GPU)
                 if period == "all":
-                    whole.append(monthly)
-                    whole_less.append(outside)
+                    whole.append(as_run(dailies, run))
                 else:
-                    for row in _summed([monthly], list(_BY_GPU), classes, less=[outside]):
-                        row["bucket"] = month
+                    trunc = {"day": None, "week": TruncWeek, "month": TruncMonth}[period]
+                    if trunc is None:
+                        fields.append("day")
+                    else:
+                        dailies = dailies.annotate(bucket=trunc("day"))
+                        fields.append("bucket")
+                    for row in _summed(dailies, fields, classes):
+                        if "day" in row:
+                            row["bucket"] = row.pop("day")
                         sum_rows.append(row)
-        if days:
-            # The days not read from monthly rows, by the day index, range by range.
-            dailies = of_gpus(
-                DailyUsage.objects.filter(reduce(or_, (Q(day__gte=a, day__lt=b) for a, b in days)))
-            )
-            if pooled_days:
-                # Only the GPU-days not pooled: the days outside each pooled GPU's span, and
-                # every day of the other GPUs (few spans: most GPUs share one, so the days
-                # outside it are read by the day index, not by scanning the table).
-                by_range: dict[tuple[dt.date, dt.date], list[int]] = defaultdict(list)
-                for gpu_id, gpu_days in pooled_days.items():
-                    by_range[gpu_days].append(gpu_id)
-                unpooled = [g for g in gpus if g not in pooled_days]
-                if len(by_range) == 1 and not unpooled:
-                    # Every GPU pooled over one span (the rule): the days outside it, with no
-                    # list of ids (other GPUs' rows find no GPU below and are left out).
-                    ((first, last),) = by_range
-                    wanted = Q(day__lt=first) | Q(day__gte=last)
-                else:
-                    wanted = Q(gpu_id__in=unpooled) if unpooled else Q(pk__in=[])
-                    for (first, last), ids in by_range.items():
-                        wanted |= Q(gpu_id__in=ids) & (Q(day__lt=first) | Q(day__gte=last))
-                dailies = dailies.filter(wanted)
-            fields = list(_BY_GPU)
-            if period == "all":
-                whole.append(dailies)
-            else:
-                trunc = {"day": None, "week": TruncWeek, "month": TruncMonth}[period]
-                if trunc is None:
-                    fields.append("day")
-                else:
-                    dailies = dailies.annotate(bucket=trunc("day"))
-                    fields.append("bucket")
-                for row in _summed(dailies, fields, classes):
-                    if "day" in row:
-                        row["bucket"] = row.pop("day")
-                    sum_rows.append(row)
+            if in_progress and not today_daily:
+                rest = HourlyUsage.objects.filter(hour__gte=hourly_from, hour__lt=run_capacity_end)
+                if split_ids:
+                    rest = rest.exclude(gpu_id__in=split_ids)
+                today_rows = _summed_hourly(
+                    rest, filters, period=period, zone=zone, whens=[], classes=classes
+                )
+                sum_rows += _of_run(today_rows, run, len(stretches)) if tagged else today_rows
         if whole:
-            sum_rows += _summed(whole, list(_BY_GPU), classes, less=whole_less)
-        if in_progress and not today_daily:
-            rest = HourlyUsage.objects.filter(hour__gte=hourly_from, hour__lt=capacity_end)
-            if split_ids:
-                rest = rest.exclude(gpu_id__in=split_ids)
-            sum_rows += _summed_hourly(
-                rest, filters, period=period, zone=zone, whens=[], classes=classes
+            sum_rows += _summed(whole, list(_BY_GPU), classes, less=whole_less, runs=len(stretches))
+        hourly_spans = [
+            (
+                max(window_start, _local_midnight(a, zone).astimezone(dt.UTC)),
+                min(capacity_end, _local_midnight(b, zone).astimezone(dt.UTC)),
             )
-        hourly = HourlyUsage.objects.filter(
-            gpu_id__in=split_ids, hour__gte=window_start, hour__lt=capacity_end
-        )
+            for a, b in stretches
+        ]
     else:
-        hourly = HourlyUsage.objects.filter(hour__gte=window_start, hour__lt=capacity_end)
+        hourly_spans = [(window_start, capacity_end)]
     if not daily_zone or split_ids:
         whens: list[When] = []
         for boundary, ids in by_boundary.items():
@@ -449,7 +510,12 @@ def _compute(
                 When(gpu_id__in=ids, hour=boundary, then=Value(1)),
                 When(gpu_id__in=ids, then=Value(2)),
             ]
-        sum_rows += _summed_hourly(hourly, filters, period=period, zone=zone, whens=whens)
+        for run, (hour_from, hour_to) in enumerate(hourly_spans):
+            hourly = HourlyUsage.objects.filter(hour__gte=hour_from, hour__lt=hour_to)
+            if daily_zone:
+                hourly = hourly.filter(gpu_id__in=split_ids)
+            split_rows = _summed_hourly(hourly, filters, period=period, zone=zone, whens=whens)
+            sum_rows += _of_run(split_rows, run, len(stretches)) if tagged else split_rows
 
     buckets_by_key = {b.key: b for b in buckets}
     # The bucket of each value a row's bucket column takes (a few per query).
@@ -458,7 +524,9 @@ def _compute(
     # by class: one per class, bucket and attribution, and each GPU's observed hours.
     merged: dict[tuple[Any, ...], _Segment] = {}
     by_classes: dict[tuple[Any, ...], _Segment] = {}
-    observed_h: dict[tuple[int, dt.date, int], Decimal] = defaultdict(Decimal)
+    observed_h: dict[tuple[Any, ...], Decimal] = defaultdict(Decimal)
+    # With stretches: each segment's observed seconds per stretch, added up as its sums are.
+    run_observed: dict[tuple[Any, ...], list[float]] = {}
     for row in sum_rows:
         kind = row.get("kind")
         owner = gpus.get(row["gpu_id"]) if kind != 0 else None
@@ -524,15 +592,25 @@ def _compute(
                 site_id=row["site_id"],
                 sums=row["sums"],
             )
+            if tagged:
+                run_observed[ident] = list(row["runs"])
         else:
             found_sums = row["sums"]
             for f in _SUM_FIELDS:
                 segment.sums[f] += found_sums[f]
+            if tagged:
+                run_observed[ident] = list(map(add, run_observed[ident], row["runs"]))
     segments: list[_Segment] = list(merged.values())
-    for segment in segments:
-        observed_h[(segment.gpu.id, segment.bucket.key, segment.phase)] += cm.hours_from_seconds(
-            seconds=segment.sums["observed_s"]
-        )
+    if tagged:
+        for ident, observed_s in run_observed.items():
+            for run, seconds in enumerate(observed_s):
+                if seconds:
+                    observed_h[(*ident[:3], run)] += cm.hours_from_seconds(seconds=seconds)
+    else:
+        for segment in segments:
+            observed_h[(segment.gpu.id, segment.bucket.key, segment.phase)] += (
+                cm.hours_from_seconds(seconds=segment.sums["observed_s"])
+            )
     pooled_over = False
     if pooled_days:
         # After the GPUs' own observed hours: a pooled segment's stand-in is one GPU of its
@@ -561,22 +639,30 @@ def _compute(
     # capacity it has there (``over``), or anything where it has none (its observed hours
     # there are never read below: fewer read than there are).
     over, read = pooled_over, 0
-    # Each GPU's capacity per bucket and phase, worked out once per service start,
-    # retirement, depreciation end and pooled days (GPUs bought together share them).
-    cells_of: dict[tuple[Any, ...], list[tuple[_Bucket, int, Decimal]]] = {}
+    # Each GPU's capacity per bucket and phase (per stretch of the window, with several),
+    # worked out once per service start, retirement, depreciation end and pooled days
+    # (GPUs bought together share them).
+    spans = buckets
+    if tagged:  # the one bucket (period "all") in its stretches
+        spans = [_stretch(buckets[0], a, b, zone) for a, b in stretches]
+    cells_of: dict[tuple[Any, ...], list[tuple[int, _Bucket, int, Decimal]]] = {}
     zero = Decimal(0)
     for info in gpus.values():
         pooled_span = pooled_days.get(info.id)
         shape = (info.service_start, info.retired_at, info.boundary_hour, pooled_span)
         cells = cells_of.get(shape)
         if cells is None:
-            own = buckets
+            own = spans
             if pooled_span is not None:  # its offline hours those days are in pooled segments
                 cut = position[pooled_span[0]], position.get(pooled_span[1], len(buckets))
                 own = buckets[: cut[0]] + buckets[cut[1] :]
             cells = cells_of[shape] = _capacity_cells(info, own, now, lengths)
-        for bucket, phase, capacity_h in cells:
-            observed = observed_h.get((info.id, bucket.key, phase), zero)
+        for run, bucket, phase, capacity_h in cells:
+            if tagged:
+                observed = observed_h.get((info.id, bucket.key, phase, run), zero)
+                bucket = buckets[0]  # the stretch's bucket
+            else:
+                observed = observed_h.get((info.id, bucket.key, phase), zero)
             if observed > 0:
                 read += 1
                 over = over or observed > capacity_h
@@ -695,17 +781,32 @@ def _partial_months(
     return out
 
 
+def _stretch(bucket: _Bucket, start: dt.date, end: dt.date, zone: dt.tzinfo) -> _Bucket:
+    """The part [start, end) of ``bucket`` (its key kept): a stretch of a window read with
+    closed months between its stretches (``_compute``'s ``runs``)."""
+    local_start = max(bucket.local_start, _local_midnight(start, zone))
+    local_end = min(bucket.local_end, _local_midnight(end, zone))
+    return dataclasses.replace(
+        bucket,
+        start=local_start.astimezone(dt.UTC),
+        end=local_end.astimezone(dt.UTC),
+        local_start=local_start,
+        local_end=local_end,
+    )
+
+
 def _capacity_cells(
     info: _GpuInfo,
     buckets: list[_Bucket],
     now: dt.datetime,
     lengths: dict[tuple[dt.datetime, dt.datetime], Decimal],
-) -> list[tuple[_Bucket, int, Decimal]]:
-    """(bucket, phase, capacity hours) where the GPU has capacity: its service, cut at now,
-    in each bucket and depreciation phase. ``lengths``: the hours of each span, shared."""
+) -> list[tuple[int, _Bucket, int, Decimal]]:
+    """(index in ``buckets``, bucket, phase, capacity hours) where the GPU has capacity: its
+    service, cut at now, in each bucket and depreciation phase. ``lengths``: the hours of
+    each span, shared."""
     cells = []
     phases = info.phase_intervals()
-    for bucket in buckets:
+    for i, bucket in enumerate(buckets):
         span = cm.capacity_interval(
             service_start=info.service_start,
             retired_at=info.retired_at,
@@ -722,7 +823,7 @@ def _capacity_cells(
             capacity_h = lengths.get(edges)
             if capacity_h is None:
                 capacity_h = lengths[edges] = cm.hours_between(start=edges[0], end=edges[1])
-            cells.append((bucket, phase, capacity_h))
+            cells.append((i, bucket, phase, capacity_h))
     return cells
 
 
