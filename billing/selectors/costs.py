@@ -122,17 +122,22 @@ def _priced_into(
     return capacity_h
 
 
-def _accumulated(segments: Iterable[_Segment], names: _NamesAndSiteTerms) -> _Acc:
+def _accumulated(
+    segments: Iterable[_Segment],
+    names: _NamesAndSiteTerms,
+    classes: tuple[set[int], list[tuple[_SiteTerms, list[_Segment]]]] | None = None,
+) -> _Acc:
     """The segments' hours and money, priced per price class (``_classes``): the segments
     whose GPUs share their kind, fixed rate, cost-profile presence, site terms and nominal
     power are summed first (their rollup sums and offline hours) and go through the cost
     model once. Every figure is linear in those sums, so this is the segment-by-segment
     accumulation up to the last digits of float and 28-digit Decimal sums taken in another
     order: equal to the cent (``test_price_classes_give_the_segment_by_segment_figures``).
-    A page of 10,000 GPUs prices a few classes, not 20,000 segments."""
-    gpu_ids, classes = _classes(segments, names)
-    acc = _Acc(gpu_ids=gpu_ids)
-    for site, members in classes:
+    A page of 10,000 GPUs prices a few classes, not 20,000 segments. ``classes``: the
+    segments' ``_classes``, where the caller has them."""
+    gpu_ids, by_class = classes or _classes(segments, names)
+    acc = _Acc(gpu_ids=set(gpu_ids))
+    for site, members in by_class:
         _priced_into(acc, members[0], *_class_sums(members), site)
     return acc
 
@@ -235,41 +240,62 @@ def _lead(acc: _Acc) -> _Lead:
     )
 
 
-def _lead_of(segments: list[_Segment], names: _NamesAndSiteTerms) -> _Lead:
-    """``_lead(_accumulated(segments, names))`` without the rest of the accumulation: the
-    same price classes, their sums added in the same order, the capacity and idle cost of
-    each from the same formulas (``cost_model.segment_idle_cost``), so the same figures to
-    the last digit. Every GPU of a 10,000-GPU board is ordered by these; only the rows drawn
-    are accumulated whole."""
+def _lead_of(entry: _Group, names: _NamesAndSiteTerms) -> _Lead:
+    """``_lead(_accumulated(entry.segments, names))`` without the rest of the accumulation:
+    the same price classes (kept on ``entry`` for its row), their sums added in the same
+    order, the capacity and idle cost of each from the same formulas
+    (``cost_model.segment_idle_cost``), so the same figures to the last digit. Every GPU of
+    a 10,000-GPU board is ordered by these; only the rows drawn are accumulated whole."""
+    if entry.classes is None:
+        entry.classes = _classes(entry.segments, names)
     capacity_h = offline_h = idle = Decimal(0)
     air_s = sm_active_s = sm_observed_s = throttle_any_s = 0.0
     priced = True
-    for site, members in _classes(segments, names)[1]:
+    for site, members in entry.classes[1]:
         first = members[0]
-        sums, offline = _class_sums(members)
+        values, offline = _lead_sums(members)
+        observed, air, idle_j, sm_active, sm_observed, throttle = values
         gpu = first.gpu
         capacity, idle_cost = cm.segment_idle_cost(
             gpu.kind,
             gpu.rates[first.phase],
-            sums["observed_s"],
+            observed,
             offline,
-            sums["air_s"],
-            sums["idle_energy_j"],
+            air,
+            idle_j,
             site.pue,
             site.price_per_kwh,
         )
         capacity_h += capacity
         offline_h += offline
         idle += idle_cost
-        air_s += sums["air_s"]
-        sm_active_s += sums["sm_active_s"]
-        sm_observed_s += sums["sm_observed_s"]
-        throttle_any_s += sums["throttle_any_s"]
+        air_s += air
+        sm_active_s += sm_active
+        sm_observed_s += sm_observed
+        throttle_any_s += throttle
         if gpu.terms is None or site.name is None:  # as ``_priced_into`` tells
             priced = False
     return _lead_figures(
         capacity_h, offline_h, idle, priced, air_s, sm_active_s, sm_observed_s, throttle_any_s
     )
+
+
+# The sums a row's lead needs (``_lead_of``), in ``_lead_sums``' order.
+_LEAD_SUMS = itemgetter(
+    "observed_s", "air_s", "idle_energy_j", "sm_active_s", "sm_observed_s", "throttle_any_s"
+)
+
+
+def _lead_sums(members: list[_Segment]) -> tuple[tuple[float, ...], Decimal]:
+    """``_class_sums`` of the sums a lead needs alone (``_LEAD_SUMS``): the same left folds
+    in the same order, the same floats."""
+    first = members[0]
+    values: tuple[float, ...] = _LEAD_SUMS(first.sums)
+    offline_h = first.offline_h
+    for member in members[1:]:
+        values = tuple(map(add, values, _LEAD_SUMS(member.sums)))
+        offline_h += member.offline_h
+    return values, offline_h
 
 
 def _lead_figures(
@@ -393,6 +419,8 @@ class _Group:
     adjusts: str | None
     segments: list[_Segment]
     acc: _Acc | None = None  # accumulated already (an adjustment, to see whether it is a row)
+    # Its segments' ``_classes``, where worked out already (for its lead).
+    classes: tuple[set[int], list[tuple[_SiteTerms, list[_Segment]]]] | None = None
 
     def place(self) -> RowPlace:
         """Where its row stands in the rows' order: by period (its bucket's key orders the
@@ -408,7 +436,8 @@ def _groups(computation: _Computation, group_by: str) -> list[_Group]:
     return _kept(_grouped(computation, group_by).values(), computation.names)
 
 
-_GroupKey = tuple[_Bucket, str, str | None]
+# A group's bucket (by its key: a computation's buckets have one each), key and adjusted month.
+_GroupKey = tuple[dt.date, str, str | None]
 
 
 def _grouped(computation: _Computation, group_by: str) -> dict[_GroupKey, _Group]:
@@ -416,14 +445,17 @@ def _grouped(computation: _Computation, group_by: str) -> dict[_GroupKey, _Group
     their first segments come."""
     groups: dict[_GroupKey, _Group] = {}
     names = computation.names
+    by_gpu = group_by == "gpu"
     for segment in computation.segments:
-        key, name = _group_of(segment.gpu, segment, group_by, names)
+        if by_gpu:  # (``_group_of``'s, without the call: 10,000s of segments a page)
+            key, name = segment.gpu.uuid, segment.gpu.label
+        else:
+            key, name = _group_of(segment.gpu, segment, group_by, names)
         adjusts = f"{segment.adjusts:%Y-%m}" if segment.adjusts is not None else None
-        found = groups.get((segment.bucket, key, adjusts))
+        place = (segment.bucket.key, key, adjusts)
+        found = groups.get(place)
         if found is None:
-            found = groups[(segment.bucket, key, adjusts)] = _Group(
-                segment.bucket, key, name, adjusts, []
-            )
+            found = groups[place] = _Group(segment.bucket, key, name, adjusts, [])
         found.segments.append(segment)
     return groups
 
@@ -817,7 +849,7 @@ def _row_acc(
     computation: _Computation,
     spans: dict[tuple[dt.date, dt.date], set[int]],
 ) -> _Acc:
-    acc = entry.acc = entry.acc or _accumulated(entry.segments, computation.names)
+    acc = entry.acc = entry.acc or _accumulated(entry.segments, computation.names, entry.classes)
     for (first, last), ids in spans.items():
         if first <= entry.bucket.key < last:
             acc.gpu_ids |= ids
@@ -868,7 +900,7 @@ def cost_rows_deferred_by(
         rows = out[group_by] = []
         for entry in _groups(computation, group_by):
             # An adjustment is accumulated already (to tell whether it is a row).
-            lead = _lead(entry.acc) if entry.acc else _lead_of(entry.segments, names)
+            lead = _lead(entry.acc) if entry.acc else _lead_of(entry, names)
             rows.append(
                 DeferredRow(
                     key=entry.key,
