@@ -3,11 +3,15 @@ API fields: docs/api.md).
 
 How a figure is made, and why this way:
 - Only rollups are read, never the raw table: on PostgreSQL the whole months of a window from
-  the monthly pre-aggregate (``telemetry.MonthlyUsage``, period ``all`` or ``month``), its
-  other whole days from the daily one (``telemetry.DailyUsage``), the day in progress and
-  the GPUs whose depreciation ends inside it from hourly rows (``telemetry.HourlyUsage``);
-  hourly rows only on SQLite. They are summed in SQL per GPU, period bucket, stored
-  attribution (node, pool, team, site as it was in that hour) and depreciation phase. The
+  the monthly pre-aggregate (``telemetry.MonthlyUsage``, period ``all`` or ``month``), a
+  month partly in the window as its monthly rows less its daily rows outside the window
+  where those are fewer (the month in progress: its monthly rows alone), its other whole
+  days from the daily one (``telemetry.DailyUsage``), the day in progress (where its daily
+  row cannot stand for it) and the GPUs whose depreciation ends inside it from hourly rows
+  (``telemetry.HourlyUsage``); hourly rows only on SQLite. They are summed in SQL per GPU,
+  period bucket, stored attribution (node, pool, team, site as it was in that hour) and
+  depreciation phase; the open stretches of a window around closed months in one statement
+  per GPU (each stretch's observed seconds beside the sums, for its own offline hours). The
   number of queries is fixed (about eight), whatever the number of GPUs.
 - Capacity, offline hours and every cost come from ``billing.cost_model`` per GPU, in Python;
   groups (node, pool, team, site, model, fleet) are sums of those per-GPU pieces, so a group's

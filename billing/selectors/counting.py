@@ -63,14 +63,18 @@ class BucketCounts:
 
 # The GPUs whose monthly rows in the months of the range carry another attribution than
 # theirs now. Constant SQL: the values come as arrays.
+# Each GPU's attribution now as dense arrays by GPU id (``literals.by_id``: 0 for none, -1
+# for a GPU not asked about): one lookup a row, no join of 10,000 unnested ids.
 _MOVED_SQL = """
 SELECT DISTINCT m.gpu_id
 FROM telemetry_monthlyusage m
-JOIN unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
-     AS c(gpu_id, node_id, pool_id, team_id, site_id) ON c.gpu_id = m.gpu_id
-WHERE m.month >= %s AND m.month < %s
-  AND (m.node_id IS DISTINCT FROM c.node_id OR m.pool_id IS DISTINCT FROM c.pool_id
-       OR m.team_id IS DISTINCT FROM c.team_id OR m.site_id IS DISTINCT FROM c.site_id)
+WHERE m.month >= %(first)s AND m.month < %(last)s
+  AND m.gpu_id > %(base)s AND m.gpu_id <= %(top)s
+  AND (%(nodes)s::bigint[])[m.gpu_id - %(base)s] >= 0
+  AND (coalesce(m.node_id, 0) <> (%(nodes)s::bigint[])[m.gpu_id - %(base)s]
+       OR coalesce(m.pool_id, 0) <> (%(pools)s::bigint[])[m.gpu_id - %(base)s]
+       OR coalesce(m.team_id, 0) <> (%(teams)s::bigint[])[m.gpu_id - %(base)s]
+       OR coalesce(m.site_id, 0) <> (%(sites)s::bigint[])[m.gpu_id - %(base)s])
 """
 
 # The hours with rollup rows of each GPU in [window start, capacity end) outside its capacity
@@ -419,20 +423,20 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def _moved(gpus: dict[int, _GpuInfo], start: dt.date, end: dt.date) -> set[int]:
     """The GPUs with a monthly row of another attribution in the months [start, end) touches
     (a superset of the range: a GPU moved just outside it is computed, which is exact too)."""
-    infos = list(gpus.values())
-    with read_cursor() as cursor:
-        cursor.execute(
-            _MOVED_SQL,
-            [
-                array_literal([g.id for g in infos]),
-                array_literal([g.node_id for g in infos]),
-                array_literal([g.pool_id for g in infos]),
-                array_literal([g.team_id for g in infos]),
-                array_literal([g.site_id for g in infos]),
-                start.replace(day=1),
-                month_after(end - dt.timedelta(days=1)),
-            ],
+    if not gpus:
+        return set()
+    params: dict[str, Any] = {
+        "first": start.replace(day=1),
+        "last": month_after(end - dt.timedelta(days=1)),
+    }
+    now_at = {"nodes": "node_id", "pools": "pool_id", "teams": "team_id", "sites": "site_id"}
+    for column, name in now_at.items():
+        dense, params["base"], params["top"] = by_id(
+            {i: getattr(g, name) or 0 for i, g in gpus.items()}, -1
         )
+        params[column] = array_literal(dense)
+    with read_cursor() as cursor:
+        cursor.execute(_MOVED_SQL, params)
         return {row[0] for row in cursor.fetchall()}
 
 
