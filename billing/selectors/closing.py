@@ -518,33 +518,14 @@ def compute(
     base: _Computation | None = None
     additive = True  # the closed days and the late data add up over any buckets
     pooled_gpus: dict[tuple[dt.date, dt.date], set[int]] = {}
+    # The open stretches around closed months read together where the rows are per GPU
+    # (period "all"): one statement and a segment per GPU and attribution, not one per
+    # stretch (each stretch's offline hours its own, as if computed alone).
     open_runs = [(a, b) for a, b, is_closed in runs if not is_closed]
-    if (
-        period == "all"
-        and len(open_runs) > 1
-        and not (by_class or pooled or adjustments_only)
-        and loaded.daily_zone
-    ):
-        # The open stretches around closed months read together, per GPU: one statement and
-        # a segment per GPU and attribution, not one per stretch (each stretch's offline
-        # hours its own, as if computed alone).
-        base = _compute(
-            start=start,
-            end=end,
-            period=period,
-            filters=filters,
-            now=now,
-            loaded=loaded,
-            runs=open_runs,
-        )
-        for segment in base.segments:
-            segment.bucket = all_buckets[0]
-        segments += base.segments
-        additive = base.offline_additive
-        open_runs = []
+    together = (
+        period == "all" and len(open_runs) > 1 and not (by_class or pooled) and loaded.daily_zone
+    )
     for run_start, run_end, is_closed in runs:
-        if not is_closed and (run_start, run_end) not in open_runs:
-            continue  # read above
         if is_closed:
             months = period in ("all", "month")
             where = _closed_run(run_start, run_end, months=months)
@@ -560,17 +541,18 @@ def compute(
                 period=period,
             )
             continue
-        if adjustments_only:
-            continue
+        if adjustments_only or (together and run_start != open_runs[0][0]):
+            continue  # (read with the first open stretch)
         part = _compute(
-            start=run_start,
-            end=run_end,
+            start=start if together else run_start,
+            end=end if together else run_end,
             period=period,
             filters=filters,
             now=now,
             pooled=pooled,
             loaded=loaded,
             by_class=by_class,
+            runs=open_runs if together else None,
         )
         for segment in part.segments:
             segment.bucket = bucket_for(segment.bucket.key if period != "all" else run_start)
