@@ -45,6 +45,7 @@ from billing.selectors.costs import (
     fleet_overview,
     fleet_summary,
     fleet_trend,
+    gpu_utilizations,
 )
 from billing.selectors.types import (
     GROUP_BY,
@@ -82,6 +83,7 @@ __all__ = [
     "fleet_overview",
     "fleet_summary",
     "fleet_trend",
+    "gpu_utilizations",
     "offline_now",
     "utilization_by_day",
     "utilization_listed",

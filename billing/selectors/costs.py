@@ -246,14 +246,10 @@ def _lead_of(entry: _Group, names: _NamesAndSiteTerms) -> _Lead:
     order, the capacity and idle cost of each from the same formulas
     (``cost_model.segment_idle_cost``), so the same figures to the last digit. Every GPU of
     a 10,000-GPU board is ordered by these; only the rows drawn are accumulated whole."""
-    if entry.classes is None:
-        entry.classes = _classes(entry.segments, names)
     capacity_h = offline_h = idle = Decimal(0)
     air_s = sm_active_s = sm_observed_s = throttle_any_s = 0.0
     priced = True
-    for site, members in entry.classes[1]:
-        first = members[0]
-        values, offline = _lead_sums(members)
+    for site, first, values, offline in _class_leads(entry, names):
         observed, air, idle_j, sm_active, sm_observed, throttle = values
         gpu = first.gpu
         capacity, idle_cost = cm.segment_idle_cost(
@@ -278,6 +274,32 @@ def _lead_of(entry: _Group, names: _NamesAndSiteTerms) -> _Lead:
     return _lead_figures(
         capacity_h, offline_h, idle, priced, air_s, sm_active_s, sm_observed_s, throttle_any_s
     )
+
+
+def _class_leads(
+    entry: _Group, names: _NamesAndSiteTerms
+) -> Iterator[tuple[_SiteTerms, _Segment, tuple[float, ...], Decimal]]:
+    """Per price class of ``entry`` (worked out once, kept on it for its row): its site
+    terms, first member, the sums a lead needs (``_LEAD_SUMS``) and its offline hours."""
+    if entry.classes is None:
+        entry.classes = _classes(entry.segments, names)
+    for site, members in entry.classes[1]:
+        values, offline = _lead_sums(members)
+        yield site, members[0], values, offline
+
+
+def _utilization_of(entry: _Group, names: _NamesAndSiteTerms) -> float | None:
+    """``_lead_of(entry, names).utilization`` alone: the same capacity hours (per class,
+    ``cost_model.capacity_hours`` as ``segment_idle_cost`` takes them, added in the same
+    order) and air seconds, without the money and the other figures."""
+    if entry.acc is not None:  # an adjustment, accumulated already
+        return _lead(entry.acc).utilization
+    capacity_h = Decimal(0)
+    air_s = 0.0
+    for _site, _first, values, offline in _class_leads(entry, names):
+        capacity_h += cm.capacity_hours(observed_s=values[0], offline_hours=offline)
+        air_s += values[1]
+    return cm.utilization(air_hours=cm.hours_from_seconds(seconds=air_s), capacity_hours=capacity_h)
 
 
 # The sums a row's lead needs (``_lead_of``), in ``_lead_sums``' order.
@@ -916,6 +938,29 @@ def cost_rows_deferred_by(
                     make=functools.partial(_row, entry, computation, spans, None, lead),
                 )
             )
+    return out
+
+
+def gpu_utilizations(
+    *,
+    start: dt.date,
+    end: dt.date,
+    filters: Filters | None = None,
+    now: dt.datetime | None = None,
+) -> list[tuple[str, str, float | None]]:
+    """Each GPU's key, name and utilisation over [start, end): its row's (period "all", the
+    fleet board's figure to the last digit), without the money or the rest of the row, in
+    the rows' order: what a list ordered by utilisation needs (the heatmap by utilisation).
+    One per GPU: its own row's, or where it has none, its first adjustment's (the month
+    its late data corrects)."""
+    computation = _grouped_compute(start, end, ("gpu",), "all", filters, now)
+    names = computation.names
+    seen: set[str] = set()
+    out = []
+    for entry in _groups(computation, "gpu"):
+        if entry.key not in seen:
+            seen.add(entry.key)
+            out.append((entry.key, entry.name, _utilization_of(entry, names)))
     return out
 
 

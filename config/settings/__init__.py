@@ -127,6 +127,20 @@ DATABASE_WORK_MEM = env_str("DATABASE_WORK_MEM", "32MB")
 if not re.fullmatch(r"[1-9][0-9]*(kB|MB|GB)", DATABASE_WORK_MEM):
     raise ImproperlyConfigured("DATABASE_WORK_MEM: a size such as 32MB (kB, MB or GB)")
 
+# Parallel workers per query (PostgreSQL's max_parallel_workers_per_gather, for every
+# connection the app opens): 0 by default. A float sum split across workers is added in an
+# order that changes from run to run, so a page's figures could differ in their last digits
+# on each refresh (a close and the exports compare figures); and on a small server the
+# workers take the CPU the web processes need: the pages' per-GPU sums at 10,000 GPUs took
+# 145 ms with 2 workers against 81 ms without (docs/benchmarks.md).
+DATABASE_PARALLEL_WORKERS = env_str("DATABASE_PARALLEL_WORKERS", "0").strip() or "0"
+if not re.fullmatch(r"[0-9]|[1-5][0-9]|6[0-4]", DATABASE_PARALLEL_WORKERS):
+    raise ImproperlyConfigured("DATABASE_PARALLEL_WORKERS: a number of workers from 0 to 64")
+_SERVER_SETTINGS = (
+    f"work_mem={DATABASE_WORK_MEM}",
+    f"max_parallel_workers_per_gather={DATABASE_PARALLEL_WORKERS}",
+)
+
 
 def _postgres_options(database: dict[str, Any], *server_settings: str) -> None:
     """Add ``-c name=value`` server settings to a PostgreSQL connection's ``options``."""
@@ -137,7 +151,7 @@ def _postgres_options(database: dict[str, Any], *server_settings: str) -> None:
 
 
 if IS_POSTGRES:
-    _postgres_options(DATABASES["default"], f"work_mem={DATABASE_WORK_MEM}")
+    _postgres_options(DATABASES["default"], *_SERVER_SETTINGS)
 
 # Optional PostgreSQL streaming replica for the pages', the finance API's and the weekly
 # report's reads (config/replica.py, docs/deploy.md "Read replica").
@@ -161,7 +175,7 @@ if DATABASE_REPLICA_URL:
     # A replica that is away costs the request that checks it this long (libpq's minimum is 2).
     _options["connect_timeout"] = env_int("REPLICA_CONNECT_TIMEOUT", 2)
     # A write sent there by mistake fails loudly, also on a server that is no standby.
-    _postgres_options(_replica, "default_transaction_read_only=on", f"work_mem={DATABASE_WORK_MEM}")
+    _postgres_options(_replica, "default_transaction_read_only=on", *_SERVER_SETTINGS)
     # Test runs have no replica of their test database: the alias reads the same one.
     _replica["TEST"] = {"MIRROR": "default"}
     DATABASES["replica"] = _replica

@@ -171,3 +171,32 @@ def test_open_stretches_around_a_closed_month_are_each_computed_alone(
         )
         assert next(r for r in parts[0] if r.key == "GPU-over").offline_hours == 0
         assert april.offline_hours > 0
+
+
+@needs_postgres
+def test_each_gpu_s_utilisation_alone_is_its_row_s(stretched: dict[str, Any]) -> None:
+    """``gpu_utilizations`` (the heatmap's order): each GPU once, with its row's utilisation
+    to the last digit, over a window with March closed and late data for it: GPU-over's
+    late hour makes it a row of its own and an adjustment row, GPU-march (split in March)
+    and GPU-april (split in April) price two phases, GPU-late has capacity only in April."""
+    from billing.month_close import month_close
+    from telemetry.models import HourlyUsage
+
+    with time_machine.travel(at("2026-04-02T00"), tick=False):
+        month_close(month=dt.date(2026, 3, 1), by="test")
+    late = HourlyUsage.objects.filter(hour=at("2026-03-05T10"), gpu=stretched["over"])
+    assert late.update(air_s=3600.0, energy_j=2_000_000.0) == 1
+    rows = selectors.cost_rows_deferred_by(
+        start=START, end=END, group_bys=("gpu",), period="all", now=NOW
+    )["gpu"]
+    adjusted = [r.key for r in rows if r.row().adjustment_for]
+    assert adjusted == ["GPU-over"]
+    first: dict[str, Any] = {}
+    for r in rows:
+        first.setdefault(r.key, r)
+    found = selectors.gpu_utilizations(start=START, end=END, now=NOW)
+    assert [key for key, _, _ in found] == list(first)
+    assert len(found) == len(stretched)
+    for key, name, utilization in found:
+        assert (name, utilization) == (first[key].name, first[key].utilization), key
+        assert utilization is not None and 0 < utilization < 1

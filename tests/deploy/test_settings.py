@@ -181,7 +181,8 @@ def test_a_replica_url_adds_a_read_only_replica_that_tests_mirror() -> None:
     assert (host, int(port), name) == ("standby", 5433, "gpufleet")
     assert options == {
         "connect_timeout": 2,
-        "options": "-c default_transaction_read_only=on -c work_mem=32MB",
+        "options": "-c default_transaction_read_only=on -c work_mem=32MB"
+        " -c max_parallel_workers_per_gather=0",
     }
     assert test == {"MIRROR": "default"} and health is True
     assert routers == ["config.replica.ReplicaRouter"]
@@ -234,4 +235,45 @@ def test_a_work_mem_that_is_no_size_is_refused() -> None:
             DATABASE_URL="postgres://app@primary:5432/gpufleet", DATABASE_WORK_MEM="256MB"
         ),
     )
-    assert result.returncode == 0 and result.stdout.strip() == "-c work_mem=256MB"
+    assert result.returncode == 0
+    assert result.stdout.strip() == "-c work_mem=256MB -c max_parallel_workers_per_gather=0"
+
+
+def test_every_postgresql_connection_runs_its_queries_without_parallel_workers(db: Any) -> None:
+    """DATABASE_PARALLEL_WORKERS (default 0) reaches the server with each connection: a sum
+    of floats split across parallel workers is added in an order that changes between runs
+    (a page's figures would move in their last digits on a refresh)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("a PostgreSQL server setting")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW max_parallel_workers_per_gather")
+        assert cursor.fetchone()[0] == "0"
+
+
+@pytest.mark.parametrize("value", ["-1", "65", "two", "1.5"])
+def test_a_parallel_worker_count_out_of_range_is_refused(value: str) -> None:
+    result = run(
+        [sys.executable, "-c", "from django.conf import settings as s; s.DATABASES"],
+        _settings_env(
+            DATABASE_URL="postgres://app@primary:5432/gpufleet", DATABASE_PARALLEL_WORKERS=value
+        ),
+    )
+    assert result.returncode != 0 and "DATABASE_PARALLEL_WORKERS" in result.stderr
+
+
+def test_parallel_workers_can_be_allowed_again() -> None:
+    result = run(
+        [
+            sys.executable,
+            "-c",
+            "from django.conf import settings as s;"
+            " print(s.DATABASES['default']['OPTIONS']['options'])",
+        ],
+        _settings_env(
+            DATABASE_URL="postgres://app@primary:5432/gpufleet", DATABASE_PARALLEL_WORKERS="2"
+        ),
+    )
+    assert result.returncode == 0
+    assert result.stdout.strip() == "-c work_mem=32MB -c max_parallel_workers_per_gather=2"
