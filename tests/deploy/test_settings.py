@@ -218,23 +218,21 @@ def test_every_postgresql_connection_gets_the_work_mem_setting(db: Any) -> None:
         assert cursor.fetchone()[0] == "32MB"
 
 
+def _primary_settings(code: str, **env: str) -> Any:
+    """``code`` run with the settings of a PostgreSQL primary and ``env``."""
+    return run(
+        [sys.executable, "-c", f"from django.conf import settings as s; {code}"],
+        _settings_env(DATABASE_URL="postgres://app@primary:5432/gpufleet", **env),
+    )
+
+
+_OPTIONS = "print(s.DATABASES['default']['OPTIONS']['options'])"
+
+
 def test_a_work_mem_that_is_no_size_is_refused() -> None:
-    result = run(
-        [sys.executable, "-c", "from django.conf import settings as s; s.DATABASES"],
-        _settings_env(DATABASE_URL="postgres://app@primary:5432/gpufleet", DATABASE_WORK_MEM="1"),
-    )
+    result = _primary_settings("s.DATABASES", DATABASE_WORK_MEM="1")
     assert result.returncode != 0 and "DATABASE_WORK_MEM" in result.stderr
-    result = run(
-        [
-            sys.executable,
-            "-c",
-            "from django.conf import settings as s;"
-            " print(s.DATABASES['default']['OPTIONS']['options'])",
-        ],
-        _settings_env(
-            DATABASE_URL="postgres://app@primary:5432/gpufleet", DATABASE_WORK_MEM="256MB"
-        ),
-    )
+    result = _primary_settings(_OPTIONS, DATABASE_WORK_MEM="256MB")
     assert result.returncode == 0
     assert result.stdout.strip() == "-c work_mem=256MB -c max_parallel_workers_per_gather=0"
 
@@ -254,26 +252,11 @@ def test_every_postgresql_connection_runs_its_queries_without_parallel_workers(d
 
 @pytest.mark.parametrize("value", ["-1", "65", "two", "1.5"])
 def test_a_parallel_worker_count_out_of_range_is_refused(value: str) -> None:
-    result = run(
-        [sys.executable, "-c", "from django.conf import settings as s; s.DATABASES"],
-        _settings_env(
-            DATABASE_URL="postgres://app@primary:5432/gpufleet", DATABASE_PARALLEL_WORKERS=value
-        ),
-    )
+    result = _primary_settings("s.DATABASES", DATABASE_PARALLEL_WORKERS=value)
     assert result.returncode != 0 and "DATABASE_PARALLEL_WORKERS" in result.stderr
 
 
 def test_parallel_workers_can_be_allowed_again() -> None:
-    result = run(
-        [
-            sys.executable,
-            "-c",
-            "from django.conf import settings as s;"
-            " print(s.DATABASES['default']['OPTIONS']['options'])",
-        ],
-        _settings_env(
-            DATABASE_URL="postgres://app@primary:5432/gpufleet", DATABASE_PARALLEL_WORKERS="2"
-        ),
-    )
+    result = _primary_settings(_OPTIONS, DATABASE_PARALLEL_WORKERS="2")
     assert result.returncode == 0
     assert result.stdout.strip() == "-c work_mem=32MB -c max_parallel_workers_per_gather=2"
