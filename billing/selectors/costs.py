@@ -210,25 +210,58 @@ def _hours(seconds: float) -> float:
     return float(cm.hours_from_seconds(seconds=seconds))
 
 
-@dataclass(frozen=True)
 class _Lead:
     """The figures of a row that a list is ordered by (the fleet board's columns), each from
     ``billing.cost_model``: ``_cost_row`` takes them from here, so a row ordered by its lead
-    shows the same numbers."""
+    shows the same numbers. Each ratio and hour figure is worked out when first asked for: a
+    board of 10,000 GPUs orders them all by one column and shows a page of them."""
 
-    air_h: Decimal
-    utilization: float | None
-    hours_in_air_per_day: float | None
-    work_utilization: float | None
-    throttled_hours: float
-    offline_hours: float
-    idle_cost: Decimal
-    priced: bool
+    def __init__(
+        self,
+        capacity_h: Decimal,
+        offline_h: Decimal,
+        idle_cost: Decimal,
+        priced: bool,
+        air_s: float,
+        sm_active_s: float,
+        sm_observed_s: float,
+        throttle_any_s: float,
+    ) -> None:
+        self.capacity_h, self.offline_h = capacity_h, offline_h
+        self.idle_cost, self.priced = idle_cost, priced
+        self.air_s, self.sm_active_s = air_s, sm_active_s
+        self.sm_observed_s, self.throttle_any_s = sm_observed_s, throttle_any_s
+
+    @functools.cached_property
+    def air_h(self) -> Decimal:
+        return cm.hours_from_seconds(seconds=self.air_s)
+
+    @functools.cached_property
+    def utilization(self) -> float | None:
+        return cm.utilization(air_hours=self.air_h, capacity_hours=self.capacity_h)
+
+    @functools.cached_property
+    def hours_in_air_per_day(self) -> float | None:
+        return cm.hours_in_air_per_day(air_hours=self.air_h, capacity_hours=self.capacity_h)
+
+    @functools.cached_property
+    def work_utilization(self) -> float | None:
+        return cm.activity_share(
+            active_seconds=self.sm_active_s, measured_seconds=self.sm_observed_s
+        )
+
+    @functools.cached_property
+    def throttled_hours(self) -> float:
+        return _hours(self.throttle_any_s)
+
+    @functools.cached_property
+    def offline_hours(self) -> float:
+        return float(self.offline_h)
 
 
 def _lead(acc: _Acc) -> _Lead:
     s = acc.sums
-    return _lead_figures(
+    return _Lead(
         acc.capacity_h,
         acc.offline_h,
         acc.idle_cost,
@@ -271,7 +304,7 @@ def _lead_of(entry: _Group, names: _NamesAndSiteTerms) -> _Lead:
         throttle_any_s += throttle
         if gpu.terms is None or site.name is None:  # as ``_priced_into`` tells
             priced = False
-    return _lead_figures(
+    return _Lead(
         capacity_h, offline_h, idle, priced, air_s, sm_active_s, sm_observed_s, throttle_any_s
     )
 
@@ -318,31 +351,6 @@ def _lead_sums(members: list[_Segment]) -> tuple[tuple[float, ...], Decimal]:
         values = tuple(map(add, values, _LEAD_SUMS(member.sums)))
         offline_h += member.offline_h
     return values, offline_h
-
-
-def _lead_figures(
-    capacity_h: Decimal,
-    offline_h: Decimal,
-    idle_cost: Decimal,
-    priced: bool,
-    air_s: float,
-    sm_active_s: float,
-    sm_observed_s: float,
-    throttle_any_s: float,
-) -> _Lead:
-    air_h = cm.hours_from_seconds(seconds=air_s)
-    return _Lead(
-        air_h=air_h,
-        utilization=cm.utilization(air_hours=air_h, capacity_hours=capacity_h),
-        hours_in_air_per_day=cm.hours_in_air_per_day(air_hours=air_h, capacity_hours=capacity_h),
-        work_utilization=cm.activity_share(
-            active_seconds=sm_active_s, measured_seconds=sm_observed_s
-        ),
-        throttled_hours=_hours(throttle_any_s),
-        offline_hours=float(offline_h),
-        idle_cost=idle_cost,
-        priced=priced,
-    )
 
 
 def _cost_row(
@@ -880,26 +888,48 @@ def _row_acc(
 
 @dataclass
 class DeferredRow:
-    """A group's cost row before it is made: its money accumulated, the figures a list is
-    ordered by (the fleet board's columns, the same values as the row's), and ``row()``,
+    """A group's cost row before it is made: the figures a list is ordered by (the fleet
+    board's columns, the same values as the row's: its ``_Lead``'s), and ``row()``,
     which makes the whole ``CostRow`` on demand. A page of 10,000 GPUs orders them all and
     makes the rows it shows. ``last_seen_at``: the GPU's, for ``group_by="gpu"`` (else
     None)."""
 
     key: str
     name: str
-    utilization: float | None
-    work_utilization: float | None
-    hours_in_air_per_day: float | None
-    idle_cost: Decimal
-    offline_hours: float
-    throttled_hours: float
-    priced: bool
     last_seen_at: dt.datetime | None
+    lead: _Lead = dataclasses.field(repr=False, compare=False)
     make: Callable[[], CostRow] = dataclasses.field(repr=False, compare=False)
 
     def row(self) -> CostRow:
         return self.make()
+
+    @property
+    def utilization(self) -> float | None:
+        return self.lead.utilization
+
+    @property
+    def work_utilization(self) -> float | None:
+        return self.lead.work_utilization
+
+    @property
+    def hours_in_air_per_day(self) -> float | None:
+        return self.lead.hours_in_air_per_day
+
+    @property
+    def idle_cost(self) -> Decimal:
+        return self.lead.idle_cost
+
+    @property
+    def offline_hours(self) -> float:
+        return self.lead.offline_hours
+
+    @property
+    def throttled_hours(self) -> float:
+        return self.lead.throttled_hours
+
+    @property
+    def priced(self) -> bool:
+        return self.lead.priced
 
 
 def cost_rows_deferred_by(
@@ -925,17 +955,11 @@ def cost_rows_deferred_by(
             lead = _lead(entry.acc) if entry.acc else _lead_of(entry, names)
             rows.append(
                 DeferredRow(
-                    key=entry.key,
-                    name=entry.name,
-                    utilization=lead.utilization,
-                    work_utilization=lead.work_utilization,
-                    hours_in_air_per_day=lead.hours_in_air_per_day,
-                    idle_cost=lead.idle_cost,
-                    offline_hours=lead.offline_hours,
-                    throttled_hours=lead.throttled_hours,
-                    priced=lead.priced,
-                    last_seen_at=entry.segments[0].gpu.last_seen_at if group_by == "gpu" else None,
-                    make=functools.partial(_row, entry, computation, spans, None, lead),
+                    entry.key,
+                    entry.name,
+                    entry.segments[0].gpu.last_seen_at if group_by == "gpu" else None,
+                    lead,
+                    functools.partial(_row, entry, computation, spans, None, lead),
                 )
             )
     return out

@@ -525,6 +525,9 @@ def _compute(
     merged: dict[tuple[Any, ...], _Segment] = {}
     by_classes: dict[tuple[Any, ...], _Segment] = {}
     observed_h: dict[tuple[Any, ...], Decimal] = defaultdict(Decimal)
+    # Most GPUs observe the same seconds as others (the whole window, as a rule): each
+    # seconds value converted once (the same float, the same Decimal).
+    hours_of = _HoursOf()
     # With stretches: each segment's observed seconds per stretch, added up as its sums are.
     run_observed: dict[tuple[Any, ...], list[float]] = {}
     for row in sum_rows:
@@ -576,7 +579,7 @@ def _compute(
         if phase < 0:  # no depreciation boundary within the window
             phase = _phase_outside(owner, window_start)
         if kind == 1:
-            observed_h[(owner.id, key, phase)] += cm.hours_from_seconds(seconds=row["observed_s"])
+            observed_h[(owner.id, key, phase)] += hours_of[row["observed_s"]]
             continue
         ident = (owner.id, key, phase, row["node_id"], row["pool_id"])
         ident += (row["team_id"], row["site_id"])
@@ -605,12 +608,12 @@ def _compute(
         for ident, observed_s in run_observed.items():
             for run, seconds in enumerate(observed_s):
                 if seconds:
-                    observed_h[(*ident[:3], run)] += cm.hours_from_seconds(seconds=seconds)
+                    observed_h[(*ident[:3], run)] += hours_of[seconds]
     else:
         for segment in segments:
-            observed_h[(segment.gpu.id, segment.bucket.key, segment.phase)] += (
-                cm.hours_from_seconds(seconds=segment.sums["observed_s"])
-            )
+            observed_h[(segment.gpu.id, segment.bucket.key, segment.phase)] += hours_of[
+                segment.sums["observed_s"]
+            ]
     pooled_over = False
     if pooled_days:
         # After the GPUs' own observed hours: a pooled segment's stand-in is one GPU of its
@@ -732,6 +735,14 @@ def _compute(
         pooled=_by_span(pooled_days),
         offline_additive=not over,
     )
+
+
+class _HoursOf(dict[float, Decimal]):
+    """``cost_model.hours_from_seconds`` of each seconds value looked up, worked out once."""
+
+    def __missing__(self, seconds: float) -> Decimal:
+        hours = self[seconds] = cm.hours_from_seconds(seconds=seconds)
+        return hours
 
 
 def _less_whole(
