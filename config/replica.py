@@ -36,8 +36,10 @@ import functools
 import hashlib
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
@@ -159,6 +161,45 @@ def binary_cursor(connection: Any) -> CursorWrapper:
     if connection.queries_logged:
         return cast(CursorWrapper, connection.make_debug_cursor(raw))
     return cast(CursorWrapper, connection.make_cursor(raw))
+
+
+# --- reads beside: a second connection working while this thread computes ----------------
+_beside_lock = threading.Lock()
+_beside: ThreadPoolExecutor | None = None  # made on first use, in each (forked) process
+
+
+def _beside_pool() -> ThreadPoolExecutor:
+    global _beside
+    with _beside_lock:
+        if _beside is None:
+            _beside = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpufleet-reads")
+        return _beside
+
+
+def read_beside(fn: Callable[[], T]) -> Callable[[], T]:
+    """Starts ``fn``, which only reads, on a connection of its own in another thread, and
+    returns a function that waits for its result (or raises its error): a page's statements
+    run on one core of the database server while its Python works on another. ``fn`` runs
+    in a copy of this context, so its reads go where this scope's go (one decision per
+    scope, as above); the thread's connections are closed when it is done.
+
+    Run at once, in this thread, where a second connection would not read what this one
+    does: inside a transaction (its own uncommitted writes, a test's data) or on SQLite."""
+    if (
+        any(connections[alias].in_atomic_block for alias in connections.settings)
+        or connections[read_alias()].vendor != "postgresql"
+    ):
+        result = fn()
+        return lambda: result
+    context = contextvars.copy_context()
+
+    def run() -> T:
+        try:
+            return context.run(fn)
+        finally:
+            connections.close_all()  # this thread's: a request's are closed by Django
+
+    return _beside_pool().submit(run).result
 
 
 def replica_reads(fn: Callable[P, T]) -> Callable[P, T]:

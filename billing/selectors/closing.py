@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 from array import array
@@ -47,7 +48,7 @@ from billing.selectors.types import (
     _Segment,
     _SiteTerms,
 )
-from config.replica import read_cursor
+from config.replica import read_beside, read_cursor
 from fleet.models import Node
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
 
@@ -525,25 +526,9 @@ def compute(
     together = (
         period == "all" and len(open_runs) > 1 and not (by_class or pooled) and loaded.daily_zone
     )
-    for run_start, run_end, is_closed in runs:
-        if is_closed:
-            months = period in ("all", "month")
-            where = _closed_run(run_start, run_end, months=months)
-            if adjustments_only:  # the adjustments it carried
-                where &= Q(adjusts__isnull=False)
-            segments += frozen_segments(
-                where=where,
-                loaded=loaded,
-                filters=filters,
-                bucket=all_buckets[0] if period == "all" else bucket_for,
-                by_class=by_class,
-                days=None if months or adjustments_only else (run_start, run_end),
-                period=period,
-            )
-            continue
-        if adjustments_only or (together and run_start != open_runs[0][0]):
-            continue  # (read with the first open stretch)
-        part = _compute(
+
+    def open_part(run_start: dt.date, run_end: dt.date) -> _Computation:
+        return _compute(
             start=start if together else run_start,
             end=end if together else run_end,
             period=period,
@@ -554,13 +539,35 @@ def compute(
             by_class=by_class,
             runs=open_runs if together else None,
         )
-        for segment in part.segments:
-            segment.bucket = bucket_for(segment.bucket.key if period != "all" else run_start)
-        segments += part.segments
-        base = base or part
-        additive = additive and part.offline_additive
-        for span, ids in part.pooled.items():  # each part's own days
-            pooled_gpus.setdefault(span, set()).update(ids)
+
+    # Each stretch's segments, in the stretches' order: the closed ones' frozen segments, and
+    # the open ones' computations, the first of them read beside (on a second connection,
+    # while the frozen segments and the late data are read here) and taken last.
+    parts: list[list[_Segment] | tuple[dt.date, Callable[[], _Computation]]] = []
+    for run_start, run_end, is_closed in runs:
+        if is_closed:
+            months = period in ("all", "month")
+            where = _closed_run(run_start, run_end, months=months)
+            if adjustments_only:  # the adjustments it carried
+                where &= Q(adjusts__isnull=False)
+            parts.append(
+                frozen_segments(
+                    where=where,
+                    loaded=loaded,
+                    filters=filters,
+                    bucket=all_buckets[0] if period == "all" else bucket_for,
+                    by_class=by_class,
+                    days=None if months or adjustments_only else (run_start, run_end),
+                    period=period,
+                )
+            )
+            continue
+        if adjustments_only or (together and run_start != open_runs[0][0]):
+            continue  # (read with the first open stretch)
+        if not any(isinstance(p, tuple) for p in parts):
+            parts.append((run_start, read_beside(functools.partial(open_part, run_start, run_end))))
+        else:
+            parts.append((run_start, functools.partial(open_part, run_start, run_end)))
     for month, booked_on in booked_here.items():
         # Late data for ``month``: now less frozen, per GPU (or class), attribution and
         # terms, booked on the first day of the query in its booking month.
@@ -611,6 +618,22 @@ def compute(
         )
         segments += late_data(live + frozen, month_loaded.names, by_class=by_class)
         loaded.names.nodes.update(month_loaded.names.nodes)
+    booked = segments
+    segments = []
+    for found in parts:
+        if isinstance(found, list):
+            segments += found
+            continue
+        run_start, made = found
+        part = made()
+        for segment in part.segments:
+            segment.bucket = bucket_for(segment.bucket.key if period != "all" else run_start)
+        segments += part.segments
+        base = base or part
+        additive = additive and part.offline_additive
+        for span, ids in part.pooled.items():  # each part's own days
+            pooled_gpus.setdefault(span, set()).update(ids)
+    segments += booked
     local_start, local_end = all_buckets[0].local_start, all_buckets[-1].local_end
     names = loaded.names
     if base is not None:

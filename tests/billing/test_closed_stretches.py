@@ -200,3 +200,45 @@ def test_each_gpu_s_utilisation_alone_is_its_row_s(stretched: dict[str, Any]) ->
     for key, name, utilization in found:
         assert (name, utilization) == (first[key].name, first[key].utilization), key
         assert utilization is not None and 0 < utilization < 1
+
+
+@needs_postgres
+@pytest.mark.django_db(transaction=True)
+def test_open_stretches_read_beside_give_the_rows_read_inline(
+    stretched: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside a transaction the open stretches are computed on a second connection, in a
+    thread of their own, while the closed month's frozen segments and its late data are read
+    (``config.replica.read_beside``); inside one (a second connection would not see its data)
+    in the caller's thread. The rows are the same to the last digit, in the same order."""
+    import threading
+
+    from django.db import transaction
+
+    from billing.month_close import month_close
+    from telemetry.models import HourlyUsage
+
+    with time_machine.travel(at("2026-04-02T00"), tick=False):
+        month_close(month=dt.date(2026, 3, 1), by="test")
+    late = HourlyUsage.objects.filter(hour=at("2026-03-05T10"), gpu=stretched["over"])
+    assert late.update(air_s=3600.0, energy_j=2_000_000.0) == 1
+    threads: list[str] = []
+    real = sums._compute
+
+    def recorded(**kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(**kwargs)
+
+    monkeypatch.setattr("billing.selectors.closing._compute", recorded)
+    query: dict[str, Any] = {"start": START, "end": END, "now": NOW}
+    for group_by, period in (("gpu", "all"), ("node", "week"), ("team", "month")):
+        threads.clear()
+        beside = selectors.cost_rows(group_by=group_by, period=period, **query)
+        assert threads[0].startswith("gpufleet-reads"), threads
+        assert threads[1:] and all(t == threading.main_thread().name for t in threads[1:])
+        threads.clear()
+        with transaction.atomic():
+            inline = selectors.cost_rows(group_by=group_by, period=period, **query)
+        assert threads and all(t == threading.main_thread().name for t in threads)
+        assert [r.adjustment_for for r in beside].count("2026-03") >= 1
+        assert repr(beside) == repr(inline)
