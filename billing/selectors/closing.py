@@ -515,7 +515,7 @@ def compute(
     def bucket_for(day: dt.date) -> _Bucket:
         return by_key[_bucket_key(day, period, start)]
 
-    segments: list[_Segment] = []
+    booked: list[_Segment] = []  # the late data's segments, after the stretches'
     base: _Computation | None = None
     additive = True  # the closed days and the late data add up over any buckets
     pooled_gpus: dict[tuple[dt.date, dt.date], set[int]] = {}
@@ -544,6 +544,7 @@ def compute(
     # the open ones' computations, the first of them read beside (on a second connection,
     # while the frozen segments and the late data are read here) and taken last.
     parts: list[list[_Segment] | tuple[dt.date, Callable[[], _Computation]]] = []
+    beside = False  # whether the first open stretch is being read beside
     for run_start, run_end, is_closed in runs:
         if is_closed:
             months = period in ("all", "month")
@@ -564,10 +565,9 @@ def compute(
             continue
         if adjustments_only or (together and run_start != open_runs[0][0]):
             continue  # (read with the first open stretch)
-        if not any(isinstance(p, tuple) for p in parts):
-            parts.append((run_start, read_beside(functools.partial(open_part, run_start, run_end))))
-        else:
-            parts.append((run_start, functools.partial(open_part, run_start, run_end)))
+        made = functools.partial(open_part, run_start, run_end)
+        parts.append((run_start, made if beside else read_beside(made)))
+        beside = True
     for month, booked_on in booked_here.items():
         # Late data for ``month``: now less frozen, per GPU (or class), attribution and
         # terms, booked on the first day of the query in its booking month.
@@ -616,16 +616,15 @@ def compute(
             adjusts=None if adjust_days else month,
             by_class=by_class,
         )
-        segments += late_data(live + frozen, month_loaded.names, by_class=by_class)
+        booked += late_data(live + frozen, month_loaded.names, by_class=by_class)
         loaded.names.nodes.update(month_loaded.names.nodes)
-    booked = segments
-    segments = []
+    segments: list[_Segment] = []
     for found in parts:
         if isinstance(found, list):
             segments += found
             continue
-        run_start, made = found
-        part = made()
+        run_start, computing = found
+        part = computing()
         for segment in part.segments:
             segment.bucket = bucket_for(segment.bucket.key if period != "all" else run_start)
         segments += part.segments

@@ -273,31 +273,41 @@ def _lead(acc: _Acc) -> _Lead:
     )
 
 
-def _lead_of(entry: _Group, names: _NamesAndSiteTerms) -> _Lead:
+def _lead_of(entry: _Group, names: _NamesAndSiteTerms, *, money: bool = True) -> _Lead:
     """``_lead(_accumulated(entry.segments, names))`` without the rest of the accumulation:
     the same price classes (kept on ``entry`` for its row), their sums added in the same
     order, the capacity and idle cost of each from the same formulas
     (``cost_model.segment_idle_cost``), so the same figures to the last digit. Every GPU of
-    a 10,000-GPU board is ordered by these; only the rows drawn are accumulated whole."""
+    a 10,000-GPU board is ordered by these; only the rows drawn are accumulated whole.
+
+    ``money`` False: each class's capacity alone (``cost_model.capacity_hours``, as
+    ``segment_idle_cost`` takes it), no idle cost (0): a list ordered by utilisation."""
+    if entry.classes is None:
+        entry.classes = _classes(entry.segments, names)
     capacity_h = offline_h = idle = Decimal(0)
     air_s = sm_active_s = sm_observed_s = throttle_any_s = 0.0
     priced = True
-    for site, first, values, offline in _class_leads(entry, names):
+    for site, members in entry.classes[1]:
+        first = members[0]
+        values, offline = _lead_sums(members)
         observed, air, idle_j, sm_active, sm_observed, throttle = values
         gpu = first.gpu
-        capacity, idle_cost = cm.segment_idle_cost(
-            gpu.kind,
-            gpu.rates[first.phase],
-            observed,
-            offline,
-            air,
-            idle_j,
-            site.pue,
-            site.price_per_kwh,
-        )
+        if money:
+            capacity, idle_cost = cm.segment_idle_cost(
+                gpu.kind,
+                gpu.rates[first.phase],
+                observed,
+                offline,
+                air,
+                idle_j,
+                site.pue,
+                site.price_per_kwh,
+            )
+            idle += idle_cost
+        else:
+            capacity = cm.capacity_hours(observed_s=observed, offline_hours=offline)
         capacity_h += capacity
         offline_h += offline
-        idle += idle_cost
         air_s += air
         sm_active_s += sm_active
         sm_observed_s += sm_observed
@@ -307,32 +317,6 @@ def _lead_of(entry: _Group, names: _NamesAndSiteTerms) -> _Lead:
     return _Lead(
         capacity_h, offline_h, idle, priced, air_s, sm_active_s, sm_observed_s, throttle_any_s
     )
-
-
-def _class_leads(
-    entry: _Group, names: _NamesAndSiteTerms
-) -> Iterator[tuple[_SiteTerms, _Segment, tuple[float, ...], Decimal]]:
-    """Per price class of ``entry`` (worked out once, kept on it for its row): its site
-    terms, first member, the sums a lead needs (``_LEAD_SUMS``) and its offline hours."""
-    if entry.classes is None:
-        entry.classes = _classes(entry.segments, names)
-    for site, members in entry.classes[1]:
-        values, offline = _lead_sums(members)
-        yield site, members[0], values, offline
-
-
-def _utilization_of(entry: _Group, names: _NamesAndSiteTerms) -> float | None:
-    """``_lead_of(entry, names).utilization`` alone: the same capacity hours (per class,
-    ``cost_model.capacity_hours`` as ``segment_idle_cost`` takes them, added in the same
-    order) and air seconds, without the money and the other figures."""
-    if entry.acc is not None:  # an adjustment, accumulated already
-        return _lead(entry.acc).utilization
-    capacity_h = Decimal(0)
-    air_s = 0.0
-    for _site, _first, values, offline in _class_leads(entry, names):
-        capacity_h += cm.capacity_hours(observed_s=values[0], offline_hours=offline)
-        air_s += values[1]
-    return cm.utilization(air_hours=cm.hours_from_seconds(seconds=air_s), capacity_hours=capacity_h)
 
 
 # The sums a row's lead needs (``_lead_of``), in ``_lead_sums``' order.
@@ -984,7 +968,8 @@ def gpu_utilizations(
     for entry in _groups(computation, "gpu"):
         if entry.key not in seen:
             seen.add(entry.key)
-            out.append((entry.key, entry.name, _utilization_of(entry, names)))
+            lead = _lead(entry.acc) if entry.acc else _lead_of(entry, names, money=False)
+            out.append((entry.key, entry.name, lead.utilization))
     return out
 
 
