@@ -12,7 +12,8 @@ batch, sequentially, against a real gunicorn on loopback and Django's WSGI handl
 ``gpus`` block, as the agent sends it. Goals (issue 4): ≥ 0.6 of the reference's rows/s at
 8-sample batches, ≥ 0.8 at 1,000. Ratios are printed last.
 
-``--write-docs`` replaces the "## Ingest" section of docs/benchmarks.md with this run.
+``--write-docs`` replaces the "## Ingest" section of docs/benchmarks-history.md (the full
+round-by-round record) with this run; docs/benchmarks.md keeps a one-screen summary.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 
 GPUS = 8
-DOCS = ROOT / "docs" / "benchmarks.md"
+DOCS = ROOT / "docs" / "benchmarks-history.md"
 
 
 def setup_django() -> None:

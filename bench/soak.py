@@ -20,7 +20,8 @@ doubled, nothing rejected) and the rollup rows equal a clean recomputation from 
 The database: by default ``<DATABASE_URL's name>_soak``, dropped, created and migrated at the
 start; ``--keep-db`` uses ``--database-url`` as it is (the test suite's smoke run does).
 ``--duration`` is capped at 600 s. ``--write-docs`` replaces the "## Soak" section of
-docs/benchmarks.md (appending it if absent) with this run.
+docs/benchmarks-history.md (appending it if absent) with this run; docs/benchmarks.md keeps a
+one-screen summary.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-DOCS = ROOT / "docs" / "benchmarks.md"
+DOCS = ROOT / "docs" / "benchmarks-history.md"
 MAX_DURATION_S = 600
 GPUS_PER_NODE = 8
 
