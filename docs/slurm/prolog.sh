@@ -36,13 +36,64 @@ say() {
 	printf 'gpufleet prolog, job %s: %s\n' "${SLURM_JOB_ID:-?}" "$*" >&2
 }
 
-# A JSON string: backslash and quote escaped, control characters dropped.
+# A JSON string of any bytes: Slurm passes names as the user typed them, in any encoding, and
+# under LC_ALL=C bash sees bytes. Valid UTF-8 is kept; each stretch of bytes that is not (a
+# Latin-1 "\xe9", a lone "\xff") becomes one U+FFFD, as decoders replace them (the Unicode
+# standard's "maximal subpart" rule); '"', '\' and control characters are escaped. At most
+# 1,024 bytes of the value are written, so the file stays far below the agent's 64 KiB.
 json_str() {
-	local s=$1
-	s=${s//\\/\\\\}
-	s=${s//\"/\\\"}
-	s=${s//[[:cntrl:]]/}
-	printf '"%s"' "$s"
+	local s=${1:0:1024}
+	if [[ $s != *[!\ -~]* ]]; then # printable ASCII only: the common case, without the loop
+		s=${s//\\/\\\\}
+		printf '"%s"' "${s//\"/\\\"}"
+		return
+	fi
+	local out="" c n i=0 len=${#s} need lo hi k m
+	while ((i < len)); do
+		c=${s:i:1}
+		printf -v n '%d' "'$c"
+		((n = (n + 256) % 256, i += 1)) # some bash versions give bytes above 127 a sign
+		if ((n < 0x80)); then
+			if ((n == 0x22 || n == 0x5c)); then # '"' and '\'
+				out+="\\$c"
+			elif ((n < 0x20 || n == 0x7f)); then
+				printf -v c '\\u%04x' "$n"
+				out+=$c
+			else
+				out+=$c
+			fi
+			continue
+		fi
+		# RFC 3629: the sequence's length after its lead byte, and its second byte's range
+		need=0 lo=0x80 hi=0xbf
+		if ((n >= 0xc2 && n <= 0xdf)); then
+			need=1
+		elif ((n == 0xe0)); then
+			need=2 lo=0xa0
+		elif ((n >= 0xe1 && n <= 0xef)); then
+			need=2
+			((n == 0xed)) && hi=0x9f # no UTF-16 surrogates
+		elif ((n == 0xf0)); then
+			need=3 lo=0x90
+		elif ((n >= 0xf1 && n <= 0xf3)); then
+			need=3
+		elif ((n == 0xf4)); then
+			need=3 hi=0x8f # nothing above U+10FFFF
+		fi
+		for ((k = 0; k < need && i + k < len; k++)); do
+			printf -v m '%d' "'${s:i+k:1}"
+			((m = (m + 256) % 256))
+			((m >= lo && m <= hi)) || break
+			lo=0x80 hi=0xbf
+		done
+		if ((need > 0 && k == need)); then
+			out+=${s:i-1:need+1}
+		else
+			out+='\ufffd' # the lead byte and the continuation bytes that did fit
+		fi
+		((i += k))
+	done
+	printf '"%s"' "$out"
 }
 
 # The job's GPUs on this node as a JSON array, from the first of these that is set:

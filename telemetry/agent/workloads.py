@@ -6,27 +6,46 @@ which workloads hold it: the workload of each process (:class:`ProcResolver`) an
 allocation that names the GPU (:class:`AllocationDir`), de-duplicated by (kind, id). The answer
 is ``None`` when it cannot tell (a process it cannot see), ``()`` when nothing holds the GPU.
 
-A process belongs to the first of these that its ``/proc/<pid>/cgroup`` names (any line, so
-cgroup v1's per-controller lines and v2's single line alike):
+A process belongs to the first of these that its ``/proc/<pid>/cgroup`` places it in (any line,
+so cgroup v1's per-controller lines and v2's single line alike), each believed only at the
+position, counted from the hierarchy's root, where the root-run daemon that owns it creates it.
+Only root creates cgroups there; a user's delegated subtree
+(``/user.slice/user-1001.slice/user@1001.service/…``) or a job's own sub-cgroups may hold any
+names, so a ``job_<id>``, ``pod<uid>`` or container id anywhere else says nothing
+(docs/agent.md, "What the agent trusts"):
 
-* a Slurm job: a ``job_<id>`` segment. Slurm names the job's cgroup by its numeric job id, also
-  for an array task (each task is a job of its own): ``/slurm/uid_1000/job_48213/step_0/task_0``
-  (v1), ``/system.slice/slurmstepd.scope/job_48213/step_batch/user/task_0`` (v2). The array form
-  ``123_4`` comes from the process's environment (``SLURM_ARRAY_JOB_ID``, ``SLURM_ARRAY_TASK_ID``)
-  where the agent may read it, or from an allocation file that says so (``job_id``);
-* a Kubernetes pod: a ``pod<uid>`` segment, ``kubepods-burstable-pod<uid with _>.slice`` under
-  the systemd driver, ``/kubepods/burstable/pod<uid>/`` under cgroupfs. Its id is
-  ``namespace/pod`` from the service-account namespace file mounted in the process's root and
+* a Slurm job: ``/slurm/uid_<uid>/job_<id>/…`` (v1; ``slurm_<node>`` with several slurmds),
+  ``/system.slice/slurmstepd.scope/job_<id>/…`` (v2; ``<node>_slurmstepd.scope``). Slurm names
+  the job's cgroup by its numeric job id, also for an array task (each task is a job of its
+  own). The array form ``123_4`` comes from an allocation file that says so (``job_id``), or
+  from the process's environment (``SLURM_ARRAY_JOB_ID``, ``SLURM_ARRAY_TASK_ID``) where that
+  names the process's own job and no other job claims the same form;
+* a Kubernetes pod: ``pod<uid>`` under kubelet's ``kubepods`` hierarchy at the root,
+  ``/kubepods[/burstable|/besteffort]/pod<uid>/`` (cgroupfs) or
+  ``/kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<uid with _>.slice/`` (systemd),
+  and containerd's v1 ``name=systemd`` line under ``/system.slice/containerd.service/``. Its id
+  is ``namespace/pod`` from the service-account namespace file mounted in the process's root and
   the ``HOSTNAME`` of its environment (the pod's name), where the agent may read both; else the
   pod UID;
-* a container: a 64-hex id (``/docker/<id>``, ``docker-<id>.scope``, ``cri-containerd-<id>.scope``,
-  ``crio-<id>.scope``, ``…:cri-containerd:<id>``);
+* a container: a 64-hex id as the second segment (``/docker/<id>``, ``/<containerd
+  namespace>/<id>``, ``/system.slice/docker-<id>.scope``, ``…/crio-<id>.scope``,
+  ``/machine.slice/libpod-<id>.scope``);
 * else the process's user (``/proc/<pid>/status`` real Uid, its name, or the number where the
-  name is unknown).
+  name is unknown). The user is always that uid: never ``SLURM_JOB_USER`` or
+  ``SLURM_JOB_ACCOUNT`` from the environment, which the job's user writes.
+
+A process whose own claims disagree with what the agent believes (its environment names another
+job than its cgroup, its job's allocation file names another user than it runs as) is its
+user's, kind ``user``.
 
 A pid is resolved once: the answer is kept with the process's start time
 (``/proc/<pid>/stat``), read again every second, so a pid reused by another process is resolved
-again. Entries for pids not seen for a while are dropped.
+again. Entries for pids not seen for a while are dropped. The reads of a new process
+(``cgroup``, ``status``, ``environ``, and files inside its root, which its owner can replace
+with a FIFO or put on a FUSE mount that never answers) run in a thread of their own: a tick
+waits for them at most ``RESOLVE_WAIT_S`` in all, and a read that never returns costs that
+process's GPU its workloads, never the sampling. Every read is non-blocking, of regular files
+only and size-bounded (:func:`_read`).
 """
 
 from __future__ import annotations
@@ -37,8 +56,9 @@ import os
 import pwd
 import re
 import stat
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,27 +71,36 @@ DEFAULT_ALLOC_DIR = "/run/gpufleet/alloc"
 
 KINDS = frozenset({"slurm", "k8s", "container", "user"})
 
-# cgroup path segments (see the module docstring; the formats are written out, with their
-# sources, in tests/agent/test_agent_workloads.py)
-_SLURM_JOB = re.compile(r"^job_(\d+)$")
+# cgroup path segments, each at the position its daemon creates it, counted from the root of the
+# hierarchy (see the module docstring; the formats are written out, with their sources, in
+# tests/agent/procfs.py)
+_SLURM_JOB = re.compile(r"job_([0-9]{1,12})")
+_SLURM_V1_ROOT = re.compile(r"slurm(?:_[^/]+)?")
+_SLURM_V1_UID = re.compile(r"uid_[0-9]+")
+_SLURM_V2_SCOPE = re.compile(r"(?:[^/]+_)?slurmstepd\.scope")
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
 # a static pod's UID is a 32-hex hash of its manifest, without dashes
-_POD = re.compile(rf"(?:^|-)pod({_UID}|[0-9a-f]{{32}})(?:\.slice)?(?::|$)")
-_CONTAINER = re.compile(r"(?:^|[-:])([0-9a-f]{64})(?:\.scope)?$")
+_POD_UID = rf"({_UID}|[0-9a-f]{{32}})"
+_QOS = ("burstable", "besteffort")
+_POD_CGROUPFS = re.compile(rf"pod{_POD_UID}")
+_POD_SYSTEMD = re.compile(rf"kubepods(?:-(?:burstable|besteffort))?-pod{_POD_UID}\.slice")
+# containerd's v1 name=systemd line: "<pod slice>:cri-containerd:<id>" under containerd.service
+_POD_CONTAINERD = re.compile(
+    rf"kubepods(?:-(?:burstable|besteffort))?-pod{_POD_UID}\.slice:cri-containerd:[0-9a-f]{{64}}"
+)
+# "<id>", "docker-<id>.scope", "crio-<id>.scope", "cri-containerd-<id>.scope", "libpod-<id>.scope"
+_CONTAINER = re.compile(r"(?:[a-z][a-z0-9-]*-)?([0-9a-f]{64})(?:\.scope)?")
+# an array job id or task id in the environment: a job number, not any digit string
+_JOB_NUMBER = re.compile(r"[0-9]{1,12}")
 
 # Where Kubernetes mounts the service account in every container that has one; /var/run is a
 # symlink to /run in most images, resolved inside the container's root (see _read_in_root).
 _NAMESPACE_FILE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# What the environment may add, where it names the process's own job (SLURM_JOB_ID): the array
+# form and the job's name, both the job's user's own labels. Never SLURM_JOB_USER or
+# SLURM_JOB_ACCOUNT: the user is the process's uid, the account the allocation file's.
 _ENV_KEYS = frozenset(
-    {
-        b"HOSTNAME",
-        b"SLURM_JOB_ID",
-        b"SLURM_ARRAY_JOB_ID",
-        b"SLURM_ARRAY_TASK_ID",
-        b"SLURM_JOB_USER",
-        b"SLURM_JOB_ACCOUNT",
-        b"SLURM_JOB_NAME",
-    }
+    {b"HOSTNAME", b"SLURM_JOB_ID", b"SLURM_ARRAY_JOB_ID", b"SLURM_ARRAY_TASK_ID", b"SLURM_JOB_NAME"}
 )
 # /proc/<pid>/environ is the environment the process started with, usually a few KiB
 _ENV_MAX = 1 << 20
@@ -80,9 +109,21 @@ _ENV_MAX = 1 << 20
 # holds more than this many entries (a node runs far fewer GPU processes at once).
 CACHE_IDLE_TICKS = 120
 CACHE_MAX = 4096
+# New processes are read in threads of their own (a read of what a process controls may never
+# return); one tick waits for them at most this long in all, and at most this many reads are
+# under way at once (a read that never returns keeps its thread for good).
+RESOLVE_WAIT_S = 0.5
+RESOLVE_THREADS = 4
+# a read under way this long is said (once): its GPU's workloads are not sent meanwhile
+RESOLVE_STUCK_S = 10.0
 
 # An allocation file is a few hundred bytes; anything far larger is not one.
 ALLOC_MAX_BYTES = 64 * 1024
+# an NVML index (a node has a few dozen GPUs at most), and a GPU UUID ("GPU-" or "MIG-" + 36)
+ALLOC_MAX_INDEX = 65535
+ALLOC_MAX_UUID = 128
+ALLOC_MAX_GPUS = 1024
+_INDEX = re.compile(r"[0-9]{1,5}")
 # The directory's mtime tells when a file was added, removed or renamed into it (the hooks
 # rename a complete file into place). A change within the same mtime tick as the last look is
 # caught by looking again while the mtime is this recent; a file rewritten in place without a
@@ -91,32 +132,89 @@ ALLOC_RACY_S = 2.0
 ALLOC_RESCAN_S = 10.0
 
 
-def cgroup_owner(text: str) -> tuple[str, str] | None:
-    """``(kind, id)`` of what a process's ``/proc/<pid>/cgroup`` places it in: a Slurm job
-    (``slurm``, job id), a Kubernetes pod (``k8s``, pod UID) or a container (``container``, its
-    64-hex id), in that order of precedence; ``None`` for a plain process."""
-    job = pod = container = None
-    for line in text.splitlines():
-        # "hierarchy-id:controllers:path"; the path itself may hold ':' (":cri-containerd:")
-        for seg in line.split(":", 2)[-1].split("/"):
-            if job is None and (m := _SLURM_JOB.match(seg)):
-                job = m.group(1)
-            elif pod is None and (m := _POD.search(seg)):
-                pod = m.group(1).replace("_", "-")  # the systemd driver writes '-' as '_'
-            elif container is None and (m := _CONTAINER.search(seg)):
-                container = m.group(1)
-    if job is not None:
-        return "slurm", job
+def _path_owner(path: str) -> tuple[str, str] | None:
+    """What one cgroup path places a process in, where its segment sits where the runtime's
+    root-run daemon creates it (the module docstring)."""
+    if not path.startswith("/"):
+        return None  # relative to another cgroup namespace's root ("/../.."): no position
+    seg = path[1:].split("/")
+    n = len(seg)
+    if n >= 3:
+        if seg[0] == "system.slice" and _SLURM_V2_SCOPE.fullmatch(seg[1]):
+            m = _SLURM_JOB.fullmatch(seg[2])
+            return ("slurm", m.group(1)) if m else None
+        if _SLURM_V1_ROOT.fullmatch(seg[0]) and _SLURM_V1_UID.fullmatch(seg[1]):
+            m = _SLURM_JOB.fullmatch(seg[2])
+            return ("slurm", m.group(1)) if m else None
+    pod: re.Match[str] | None = None
+    if seg[0] == "kubepods" and n >= 2:
+        pod = _POD_CGROUPFS.fullmatch(seg[1])
+        if pod is None and seg[1] in _QOS and n >= 3:
+            pod = _POD_CGROUPFS.fullmatch(seg[2])
+    elif seg[0] == "kubepods.slice" and n >= 2:
+        pod = _POD_SYSTEMD.fullmatch(seg[1])
+        if pod is None and seg[1] in {f"kubepods-{q}.slice" for q in _QOS} and n >= 3:
+            pod = _POD_SYSTEMD.fullmatch(seg[2])
+            if pod is not None and not seg[2].startswith(seg[1][: -len(".slice")] + "-"):
+                pod = None  # a QoS level's pods sit in that level's slice
+    elif seg[0] == "system.slice" and n >= 3 and seg[1] == "containerd.service":
+        pod = _POD_CONTAINERD.fullmatch(seg[2])
     if pod is not None:
-        return "k8s", pod
-    if container is not None:
-        return "container", container
+        return "k8s", pod.group(1).replace("_", "-")  # the systemd driver writes '-' as '_'
+    if n >= 2 and (m := _CONTAINER.fullmatch(seg[1])):
+        return "container", m.group(1)
     return None
 
 
+def cgroup_owner(text: str) -> tuple[str, str] | None:
+    """``(kind, id)`` of what a process's ``/proc/<pid>/cgroup`` places it in: a Slurm job
+    (``slurm``, job id), a Kubernetes pod (``k8s``, pod UID) or a container (``container``, its
+    64-hex id), in that order of precedence, each only where its daemon creates it; ``None`` for
+    a plain process (or one whose cgroup only its user named)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        # "hierarchy-id:controllers:path"; the path itself may hold ':' (":cri-containerd:")
+        owner = _path_owner(line.split(":", 2)[-1])
+        if owner is not None:
+            found.setdefault(owner[0], owner[1])
+    for kind in ("slurm", "k8s", "container"):
+        if kind in found:
+            return kind, found[kind]
+    return None
+
+
+class NotRegularFile(OSError):
+    """A path a workload may control names a FIFO, device, socket, directory or link."""
+
+
 def _read(path: str, limit: int = 65536) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(limit)
+    """At most ``limit`` bytes of the regular file at ``path``, without ever waiting on what a
+    workload can put there: a FIFO's open would wait for a writer forever, a device's open may
+    act on it. So: ``lstat`` first (nothing but a regular file is opened), then a non-blocking
+    open that follows no link in the last component, and ``fstat`` of what was opened (the path
+    may have been swapped since). ``/proc`` files are regular files too."""
+    before = os.lstat(path)
+    if not stat.S_ISREG(before.st_mode):
+        raise NotRegularFile(f"{path} is not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (
+            before.st_dev,
+            before.st_ino,
+        ):
+            raise NotRegularFile(f"{path} changed while being opened")
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, left)  # /proc files may answer in pieces
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _read_in_root(root: str, rel: str) -> bytes:
@@ -166,11 +264,29 @@ class _Entry:
         self.seen = seen
 
 
+# what the reads of one process give: its workload, and the array form its environment claims
+# for its job (``None``: none claimed)
+_Resolved = tuple[Workload, str | None]
+
+
+class _Pending:
+    """The reads of one new process, under way in a thread of their own."""
+
+    __slots__ = ("start", "since", "done", "result")
+
+    def __init__(self, start: int, since: float) -> None:
+        self.start = start
+        self.since = since  # time.monotonic() when the reads began
+        self.done = threading.Event()
+        self.result: _Resolved | None = None
+
+
 class ProcessResolver(Protocol):
     """Process id → the workload it belongs to (``None``: the process cannot be seen)."""
 
-    # Slurm numeric job id → the array form ``<array job>_<task>`` learnt so far, and a
-    # counter that moves whenever that map grows.
+    # Slurm numeric job id → the array form ``<array job>_<task>`` its processes' environment
+    # claims (Discovery believes a claim no other job makes), and a counter that moves whenever
+    # that map changes.
     aliases: dict[str, str]
     aliases_version: int
 
@@ -184,7 +300,8 @@ class ProcessResolver(Protocol):
 class ProcResolver:
     """Resolves process ids through a ``/proc`` tree (``proc_root``: the host's, or a fake one
     in tests). ``users`` maps a uid to a name (default: the node's passwd); ``hostname`` is the
-    node's, to tell a host-network pod (whose ``HOSTNAME`` is the node's) from a named one."""
+    node's, to tell a host-network pod (whose ``HOSTNAME`` is the node's) from a named one;
+    ``wait_s``: the most one tick waits for the reads of new processes."""
 
     def __init__(
         self,
@@ -192,23 +309,33 @@ class ProcResolver:
         *,
         users: Callable[[int], str] = user_name,
         hostname: str | None = None,
+        wait_s: float = RESOLVE_WAIT_S,
     ) -> None:
         self.root = proc_root.rstrip("/") or "/"
         self.users = users
         self.hostname = hostname
+        self.wait_s = wait_s
         self.aliases: dict[str, str] = {}
         self.aliases_version = 0
+        self._refused: set[str] = set()  # jobs whose processes claimed two array forms
         self._cache: dict[int, _Entry] = {}
         self._names: dict[int, str] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._slots = threading.BoundedSemaphore(RESOLVE_THREADS)
+        self._deadline: float | None = None  # this tick's end of waiting (time.monotonic())
         self._tick = 0
         self._said: set[str] = set()
 
     def tick(self) -> None:
         self._tick += 1
+        self._deadline = None
         if self._tick % 60 == 0:
             old = self._tick - CACHE_IDLE_TICKS
             for pid in [p for p, e in self._cache.items() if e.seen < old]:
                 del self._cache[pid]
+            # reads finished for a process that was gone before its answer was taken
+            for pid in [p for p, w in self._pending.items() if w.done.is_set()]:
+                del self._pending[pid]
 
     def resolve(self, pid: int) -> Workload | None:
         start = self._start_time(pid)
@@ -225,9 +352,12 @@ class ProcResolver:
         if entry is not None and entry.start == start:
             entry.seen = self._tick
             return entry.workload
-        w = self._resolve(pid)
-        if w is None:
+        got = self._reads(pid, start)
+        if got is None:
             return None
+        w, alias = got
+        if alias is not None:
+            self._claim(w.id, alias)
         if len(self._cache) >= CACHE_MAX:
             # Far more processes than a node runs on its GPUs: forget the least recently seen.
             for p, _ in sorted(self._cache.items(), key=lambda kv: kv[1].seen)[: CACHE_MAX // 4]:
@@ -235,7 +365,53 @@ class ProcResolver:
         self._cache[pid] = _Entry(start, w, self._tick)
         return w
 
-    # -- reading one process ----------------------------------------------------------------
+    # -- reading one process, off the tick -----------------------------------------------------
+
+    def _reads(self, pid: int, start: int) -> _Resolved | None:
+        """The answer of the reads of process ``pid`` (started at ``start``), begun now or at an
+        earlier tick, waiting for it no later than this tick's deadline; ``None`` while it is
+        not there (or the process cannot be read)."""
+        p = self._pending.get(pid)
+        if p is None or (p.start != start and p.done.is_set()):
+            if not self._slots.acquire(blocking=False):
+                self._say(
+                    "busy",
+                    "reading /proc of new GPU processes: %d reads have not returned (a process "
+                    "whose files never answer); the GPUs of processes not read yet send no "
+                    "workloads (said once)",
+                    RESOLVE_THREADS,
+                )
+                return None
+            p = self._pending[pid] = _Pending(start, time.monotonic())
+            threading.Thread(
+                target=self._read_process, args=(pid, p), name=f"gpufleet-proc-{pid}", daemon=True
+            ).start()
+        elif p.start != start:
+            return None  # the pid's earlier process is still being read: its thread is stuck
+        now = time.monotonic()
+        if self._deadline is None:
+            self._deadline = now + self.wait_s
+        if not p.done.wait(max(0.0, self._deadline - now)):
+            if now - p.since > RESOLVE_STUCK_S:
+                self._say(
+                    "stuck",
+                    "reading /proc/%d has not returned for %.0f s (a file its process controls "
+                    "does not answer); its GPU's workloads are not sent meanwhile (said once)",
+                    pid,
+                    now - p.since,
+                )
+            return None
+        del self._pending[pid]
+        return p.result
+
+    def _read_process(self, pid: int, p: _Pending) -> None:
+        try:
+            p.result = self._resolve(pid)
+        except Exception:  # a defect here must cost this process its workload, not the agent
+            log.exception("reading /proc/%d failed unexpectedly", pid)
+        finally:
+            p.done.set()
+            self._slots.release()
 
     def _start_time(self, pid: int) -> int | None:
         """Field 22 of ``/proc/<pid>/stat`` (clock ticks since boot): with the pid, it names a
@@ -247,7 +423,7 @@ class ProcResolver:
         except (OSError, IndexError, ValueError):
             return None
 
-    def _resolve(self, pid: int) -> Workload | None:
+    def _resolve(self, pid: int) -> _Resolved | None:
         base = f"{self.root}/{pid}"
         try:
             cgroup = _read(f"{base}/cgroup").decode("utf-8", "replace")
@@ -255,41 +431,75 @@ class ProcResolver:
         except OSError:
             return None  # gone since its start time was read
         uid = _uid(status)
-        user = self._user(uid) if uid is not None else None
+        if uid is None:
+            return None
+        user = self._user(uid)
         owner = cgroup_owner(cgroup)
         if owner is None:
-            if user is None:
-                return None
-            return Workload("user", user, user=user)
+            if ":/.." in cgroup:
+                self._say(
+                    "cgroupns",
+                    "process %d's cgroup is outside the agent's cgroup namespace (%s): no job, "
+                    "pod or container can be told from such a path, so GPU processes count as "
+                    "their users'; run the agent in the host's cgroup namespace (said once)",
+                    pid,
+                    cgroup.strip()[:200],
+                )
+            return Workload("user", user, user=user), None
         kind, ident = owner
         env = self._environ(pid)
         if kind == "slurm":
-            return self._slurm(ident, user, env)
+            return self._slurm(pid, ident, user, env)
         if kind == "k8s":
-            return self._pod(pid, ident, env)
-        return Workload("container", ident)
+            return self._pod(pid, ident, env), None
+        return Workload("container", ident), None
 
-    def _slurm(self, job_id: str, user: str | None, env: dict[str, str]) -> Workload:
-        if env.get("SLURM_JOB_ID") != job_id:
+    def _slurm(self, pid: int, job_id: str, user: str, env: dict[str, str]) -> _Resolved:
+        claimed = env.get("SLURM_JOB_ID")
+        if claimed is None:
             # not started by this job's slurmstepd (an ssh session adopted into the job by
             # pam_slurm_adopt), or the environment could not be read: the cgroup says it all
-            return Workload("slurm", job_id, user=user)
-        ident = job_id
-        array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-        if array and task and array.isdigit() and task.isdigit():
-            ident = f"{array}_{task}"
-            if self.aliases.get(job_id) != ident:
-                if len(self.aliases) >= CACHE_MAX:
-                    self.aliases.clear()
-                self.aliases[job_id] = ident
-                self.aliases_version += 1
-        return Workload(
-            "slurm",
-            ident,
-            user=env.get("SLURM_JOB_USER") or user,
-            account=env.get("SLURM_JOB_ACCOUNT") or None,
-            name=env.get("SLURM_JOB_NAME") or None,
-        )
+            return Workload("slurm", job_id, user=user), None
+        if claimed != job_id:
+            self._say(
+                "other-job",
+                "process %d is in Slurm job %s's cgroup but its environment says job %r: "
+                "counted as its user %s's, not as either job (said once)",
+                pid,
+                job_id,
+                claimed[:40],
+                user,
+            )
+            return Workload("user", user, user=user), None
+        alias = None
+        array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+        # an array's job id is given before any of its tasks' own: never above the task's
+        if _JOB_NUMBER.fullmatch(array) and _JOB_NUMBER.fullmatch(task):
+            if int(array) <= int(job_id):
+                alias = f"{int(array)}_{int(task)}"
+        name = env.get("SLURM_JOB_NAME") or None
+        return Workload("slurm", job_id, user=user, name=name), alias
+
+    def _claim(self, job_id: str, alias: str) -> None:
+        """A process of job ``job_id`` says the job is array task ``alias``; two processes of
+        the job that say two forms are believed in neither."""
+        if job_id in self._refused or self.aliases.get(job_id) == alias:
+            return
+        if job_id in self.aliases:
+            del self.aliases[job_id]
+            self._refused.add(job_id)
+            self._say(
+                f"two-forms-{job_id}",
+                "Slurm job %s's processes name two array tasks: it goes by its job id (said once)",
+                job_id,
+            )
+        else:
+            if len(self.aliases) >= CACHE_MAX:
+                self.aliases.clear()
+            self.aliases[job_id] = alias
+        if len(self._refused) >= CACHE_MAX:
+            self._refused.clear()
+        self.aliases_version += 1
 
     def _pod(self, pid: int, pod_uid: str, env: dict[str, str]) -> Workload:
         namespace: str | None = None
@@ -297,6 +507,8 @@ class ProcResolver:
             namespace = _read_in_root(f"{self.root}/{pid}/root", _NAMESPACE_FILE).decode().strip()
         except FileNotFoundError:
             pass  # a pod without a service account token (automountServiceAccountToken: false)
+        except NotRegularFile as e:
+            self._say("sa-not-file", "pod %s: %s; the pod goes by its UID (said once)", pod_uid, e)
         except (OSError, UnicodeDecodeError) as e:
             self._denied("root", e)
         pod = env.get("HOSTNAME")
@@ -324,6 +536,8 @@ class ProcResolver:
     def _user(self, uid: int) -> str:
         name = self._names.get(uid)
         if name is None:
+            if len(self._names) >= CACHE_MAX:
+                self._names.clear()
             name = self._names[uid] = self.users(uid)
         return name
 
@@ -331,8 +545,8 @@ class ProcResolver:
         self._say(
             what,
             "cannot read /proc/<pid>/%s of other users' processes (%s): Kubernetes pods are "
-            "sent by their UID, and Slurm jobs without the name, account and array id that "
-            "their environment holds; run the agent as root or give it CAP_SYS_PTRACE "
+            "sent by their UID, and Slurm jobs without the name and array id that their "
+            "environment holds; run the agent as root or give it CAP_SYS_PTRACE "
             "(docs/agent.md, said once)",
             what,
             e,
@@ -340,6 +554,8 @@ class ProcResolver:
 
     def _say(self, key: str, message: str, *args: object) -> None:
         if key not in self._said:
+            if len(self._said) > 10_000:
+                self._said.clear()
             self._said.add(key)
             log.warning(message, *args)
 
@@ -379,8 +595,8 @@ def allocation_parse(data: object, origin: str = "") -> Allocation | str:
     if not isinstance(data, dict):
         return "is not a JSON object"
     kind = data.get("kind")
-    if kind not in KINDS:
-        return f"kind must be one of {', '.join(sorted(KINDS))}, not {kind!r}"
+    if not isinstance(kind, str) or kind not in KINDS:  # a list is not even hashable
+        return f"kind must be one of {', '.join(sorted(KINDS))}, not {_short(kind)}"
     ident = _ident(data.get("id"))
     if ident is None:
         return "id must be a non-empty string (or a job number)"
@@ -391,20 +607,22 @@ def allocation_parse(data: object, origin: str = "") -> Allocation | str:
             return f"{key} must be a string"
         texts[key] = v or None
     gpus = data.get("gpus")
-    if not isinstance(gpus, list) or not gpus:
-        return "gpus must be a non-empty list of GPU UUIDs or indexes"
+    if not isinstance(gpus, list) or not gpus or len(gpus) > ALLOC_MAX_GPUS:
+        return f"gpus must be a list of 1 to {ALLOC_MAX_GPUS} GPU UUIDs or indexes"
     parsed: list[str | int] = []
     for g in gpus:
-        if isinstance(g, int) and not isinstance(g, bool) and g >= 0:
+        # an index is a small number or a string of ASCII digits ("²".isdigit() is true, and
+        # int() of 5,000 digits raises): anything else is a UUID, or not a GPU at all
+        if isinstance(g, int) and not isinstance(g, bool) and 0 <= g <= ALLOC_MAX_INDEX:
             parsed.append(g)
-        elif isinstance(g, str) and g.strip().isdigit():
+        elif isinstance(g, str) and _INDEX.fullmatch(g.strip()):
             parsed.append(int(g.strip()))
-        elif isinstance(g, str) and g.strip():
+        elif isinstance(g, str) and 0 < len(g.strip()) <= ALLOC_MAX_UUID:
             parsed.append(g.strip())
         else:
-            return f"gpus holds {g!r}, neither a GPU UUID nor an index"
+            return f"gpus holds {_short(g)}, neither a GPU UUID nor an index"
     job_id = _ident(data.get("job_id"))
-    if data.get("job_id") is not None and (job_id is None or not job_id.isdigit()):
+    if data.get("job_id") is not None and (job_id is None or not _JOB_NUMBER.fullmatch(job_id)):
         return "job_id must be the numeric Slurm job id"
     return Allocation(
         Workload(
@@ -416,8 +634,14 @@ def allocation_parse(data: object, origin: str = "") -> Allocation | str:
     )
 
 
+def _short(v: object) -> str:
+    """``v`` for a log line: a hostile file's value is not repeated whole."""
+    r = repr(v) if not isinstance(v, (list, dict)) else type(v).__name__
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
 def _ident(v: object) -> str | None:
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10**12:
         return str(v)
     if isinstance(v, str) and v.strip():
         return v.strip()
@@ -432,22 +656,36 @@ def _gpu_known(g: str | int, gpus: Mapping[str, int]) -> bool:
 
 # a parsed file, or why it is not an allocation; None: it went away while being read
 _Parsed = Allocation | str | None
+# what tells one version of a file from another: inode, mtime, size, owner, mode
+_FileKey = tuple[int, int, int, int, int]
 
 
 class AllocationDir:
     """The allocation files of one directory (``*.json``; dot files, such as the hooks' files
     being written, are not read). Looked at no more than once a second; a file is parsed again
     only when its inode, mtime or size changed. A file that is malformed, unreadable or names
-    a GPU this node does not have is skipped and logged, once per version of the file."""
+    a GPU this node does not have is skipped and logged, once per version of the file.
 
-    def __init__(self, path: str = DEFAULT_ALLOC_DIR, *, wall: Callable[[], float] = time.time):
+    The files name who holds a GPU, so only the scheduler's hook may have written them: the
+    directory and each file must belong to one of ``owners`` (default: root, and the agent's own
+    user) and be writable by nobody else; anything else is skipped and logged. A file is read
+    without blocking, at most ``ALLOC_MAX_BYTES``, decoded as UTF-8 with replacement."""
+
+    def __init__(
+        self,
+        path: str = DEFAULT_ALLOC_DIR,
+        *,
+        wall: Callable[[], float] = time.time,
+        owners: Collection[int] | None = None,
+    ) -> None:
         self.path = path
+        self.owners = frozenset(owners) if owners is not None else frozenset({0, os.geteuid()})
         self._wall = wall  # the file system's clock, for ALLOC_RACY_S
         self._looked = -float("inf")
         self._scanned = -float("inf")
         self._dir_key: tuple[int, int] | None = None
         self._gpus: dict[str, int] = {}
-        self._files: dict[str, tuple[tuple[int, int, int], _Parsed]] = {}
+        self._files: dict[str, tuple[_FileKey, _Parsed]] = {}
         self._current: tuple[Allocation, ...] = ()
         self._said: set[tuple[str, ...]] = set()
 
@@ -465,6 +703,18 @@ class AllocationDir:
             return self._current
         except OSError as e:
             self._say(("dir", str(e)), "allocation directory %s cannot be read (%s)", self.path, e)
+            self._current = ()
+            return self._current
+        why = "is not a directory" if not stat.S_ISDIR(st.st_mode) else self._untrusted(st)
+        if why:
+            self._say(
+                ("dir", why),
+                "allocation directory %s %s: no allocation in it is believed",
+                self.path,
+                why,
+            )
+            self._files.clear()
+            self._dir_key = None
             self._current = ()
             return self._current
         key = (st.st_ino, st.st_mtime_ns)
@@ -487,7 +737,7 @@ class AllocationDir:
             self._say(("dir", str(e)), "allocation directory %s cannot be read (%s)", self.path, e)
             self._current = ()
             return
-        files: dict[str, tuple[tuple[int, int, int], _Parsed]] = {}
+        files: dict[str, tuple[_FileKey, _Parsed]] = {}
         found: list[Allocation] = []
         for entry in entries:
             name = entry.name
@@ -497,13 +747,15 @@ class AllocationDir:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue  # removed since the listing
-            fkey = (st.st_ino, st.st_mtime_ns, st.st_size)
+            fkey = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_uid, st.st_mode)
             old = self._files.get(name)
             parsed: _Parsed
             if old is not None and old[0] == fkey:
                 parsed = old[1]
             elif not stat.S_ISREG(st.st_mode):
                 parsed = "is not a regular file"
+            elif why := self._untrusted(st):
+                parsed = why
             elif st.st_size > ALLOC_MAX_BYTES:
                 parsed = f"is {st.st_size} bytes, more than an allocation file holds"
             else:
@@ -516,7 +768,7 @@ class AllocationDir:
                 continue
             unknown = [g for g in parsed.gpus if not _gpu_known(g, self._gpus)]
             if unknown:
-                listed = ", ".join(map(str, unknown))
+                listed = ", ".join(map(str, unknown[:4])) + (", …" if len(unknown) > 4 else "")
                 self._skip(name, fkey, f"names GPUs this node does not have ({listed})")
                 continue
             found.append(parsed)
@@ -533,13 +785,31 @@ class AllocationDir:
             return None  # the job ended between the listing and the read
         except OSError as e:
             return f"cannot be read ({e.strerror or e})"
+        if len(raw) > ALLOC_MAX_BYTES:
+            return f"is more than {ALLOC_MAX_BYTES} bytes, more than an allocation file holds"
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
+            # a name in another encoding is still the job's: its bad bytes become U+FFFD
+            data = json.loads(raw.decode("utf-8-sig", "replace"))
+        except ValueError as e:  # also int() of a number with thousands of digits
             return f"is not JSON ({e})"
-        return allocation_parse(data, name)
+        except RecursionError:
+            return "is not JSON (nested too deeply)"
+        try:
+            return allocation_parse(data, name)
+        except Exception as e:  # a file the parser did not foresee must not stop the agent
+            log.exception("allocation file %s/%s: unexpected error while parsing", self.path, name)
+            return f"is not an allocation ({type(e).__name__})"
 
-    def _skip(self, name: str, fkey: tuple[int, int, int], why: str) -> None:
+    def _untrusted(self, st: os.stat_result) -> str | None:
+        """Why a file or directory with this ``lstat`` may hold what someone other than the
+        scheduler's hook wrote; ``None`` where it cannot."""
+        if st.st_uid not in self.owners:
+            return f"belongs to uid {st.st_uid}, not to root (or the agent's user)"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+        return None
+
+    def _skip(self, name: str, fkey: _FileKey, why: str) -> None:
         self._say(
             (name, *map(str, fkey), why),
             "allocation file %s/%s %s: skipped (said once per version of the file)",
@@ -562,8 +832,10 @@ class AllocationDir:
 class Discovery:
     """Per GPU and second, the workloads holding it: its processes' workloads and the
     allocations naming it, de-duplicated by (kind, id). A Slurm job is reported under one id
-    (the array form where one is known, from a process's environment or an allocation file),
-    with the user, account and name of its allocation file where its process says less."""
+    (the array form where one is known, from an allocation file, or from its processes'
+    environment where no other job claims the same form), with the user, account and name of
+    its allocation file where its process says less. A process of a job whose allocation file
+    names another user than the one it runs as is its user's (kind ``user``)."""
 
     def __init__(
         self, resolver: ProcessResolver, allocations: AllocationSource | None = None
@@ -577,6 +849,7 @@ class Discovery:
         self._meta: dict[tuple[str, str], Workload] = {}
         self._by_gpu: dict[str, tuple[Workload, ...]] = {}
         self._canon: dict[Workload, Workload] = {}
+        self._said: set[str] = set()
 
     def begin(self, now: float, gpus: Mapping[str, int]) -> None:
         """Start a tick at ``now``; ``gpus``: every GPU of the node, UUID → NVML index."""
@@ -604,6 +877,19 @@ class Discovery:
         found: dict[tuple[str, str], Workload] = {}
         for w in resolved:
             c = self.canonical(w)
+            if c.kind == "slurm" and w.user and c.user != w.user:
+                # the job's allocation file (root's) names another user than the process runs
+                # as: the two do not agree on whose it is, so it is its uid's
+                self._say(
+                    f"user-{c.id}",
+                    "a process running as %s is in Slurm job %s, whose allocation file names "
+                    "user %s: counted as %s's, not the job's (said once per job)",
+                    w.user,
+                    c.id,
+                    c.user,
+                    w.user,
+                )
+                c = Workload("user", w.user, user=w.user)
             found.setdefault((c.kind, c.id), c)
         for w in self._by_gpu.get(uuid, ()):
             found.setdefault((w.kind, w.id), w)
@@ -634,13 +920,7 @@ class Discovery:
     def _rebuild(self, allocs: Sequence[Allocation], gpus: Mapping[str, int]) -> None:
         self._allocs, self._gpus = allocs, dict(gpus)
         self._alias_version = self.resolver.aliases_version
-        aliases = {
-            a.job_id: a.workload.id
-            for a in allocs
-            if a.workload.kind == "slurm" and a.job_id and a.job_id != a.workload.id
-        }
-        aliases.update(self.resolver.aliases)
-        self._aliases = aliases
+        self._aliases = self._vetted_aliases(allocs)
         self._meta = {}
         self._canon.clear()
         meta: dict[tuple[str, str], Workload] = {}
@@ -657,3 +937,41 @@ class Discovery:
                 if uuid is not None and uuid in gpus:
                     by_gpu.setdefault(uuid, {}).setdefault((w.kind, w.id), w)
         self._by_gpu = {u: tuple(d.values()) for u, d in by_gpu.items()}
+
+    def _vetted_aliases(self, allocs: Sequence[Allocation]) -> dict[str, str]:
+        """Numeric job id → array form: an allocation file's (root's hook wrote it), then each
+        claim of a job's own processes that neither such a file nor another job's processes
+        contradict. A claim another job also makes is believed for neither: a job's user can
+        name any array task, not prove it is theirs."""
+        aliases: dict[str, str] = {}
+        taken: set[str] = set()  # array forms the allocation files give
+        for a in allocs:
+            if a.workload.kind != "slurm":
+                continue
+            taken.add(a.workload.id)
+            if a.job_id and a.job_id != a.workload.id:
+                aliases.setdefault(a.job_id, a.workload.id)
+        claims: dict[str, list[str]] = {}
+        for job, form in self.resolver.aliases.items():
+            if job not in aliases:
+                claims.setdefault(form, []).append(job)
+        for form, jobs in claims.items():
+            if len(jobs) == 1 and form not in taken:
+                aliases[jobs[0]] = form
+            else:
+                self._say(
+                    f"alias-{form}",
+                    "Slurm jobs %s each say they are array task %s (or an allocation file "
+                    "gives it to another job): believed for none of them, which go by their "
+                    "job ids (said once)",
+                    ", ".join(sorted(jobs)),
+                    form,
+                )
+        return aliases
+
+    def _say(self, key: str, message: str, *args: object) -> None:
+        if key not in self._said:
+            if len(self._said) > 10_000:
+                self._said.clear()
+            self._said.add(key)
+            log.warning(message, *args)

@@ -35,6 +35,11 @@ runtime (cgroup v1: one line per hierarchy, ``id:controllers:path``; v2: the one
   ``docker-<id>.scope`` under ``system.slice`` (moby cmd/dockerd, ``newCgroupParent``: parent
   ``system.slice`` with the systemd driver, ``docker`` otherwise).
 * A login session: systemd's ``/user.slice/user-<uid>.slice/session-<n>.scope``.
+* What a user can name: systemd delegates ``/user.slice/user-<uid>.slice/user@<uid>.service``
+  to the user's own manager (systemd.resource-control(5), ``Delegate=``; "Control Group APIs
+  and Delegation", systemd.io/CGROUP_DELEGATION), where ``systemd-run --user --scope`` or a
+  plain ``mkdir`` makes cgroups of any name, ``job_4242`` or ``kubepods.slice`` included, and
+  moves the user's processes into them.
 """
 
 from __future__ import annotations
@@ -98,6 +103,23 @@ CRIO_SCOPE = f"0::/system.slice/crio-{CID2}.scope\n"
 # a login session (cgroup v2), and the same user's process on cgroup v1
 USER_V2 = "0::/user.slice/user-1001.slice/session-4.scope\n"
 USER_V1 = "4:memory:/user.slice/user-1001.slice/session-4.scope\n1:name=systemd:/user.slice\n"
+
+# Cgroups bob (uid 1001) makes in his delegated subtree, named like those of slurmd, kubelet
+# and the container runtimes; and a path as an agent in another cgroup namespace sees it (no
+# position to tell from).
+_BOB = "/user.slice/user-1001.slice/user@1001.service/app.slice"
+FORGED = {
+    "a job": f"0::{_BOB}/job_4242\n",
+    "slurmd's v2 scope": f"0::{_BOB}/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n",
+    "slurmd's v1 tree": f"4:memory:{_BOB}/slurm/uid_1000/job_4242/step_0\n1:name=systemd:/\n",
+    "a systemd-driver pod": (
+        f"0::{_BOB}/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_UID_}.slice\n"
+    ),
+    "a cgroupfs pod": f"0::{_BOB}/kubepods/besteffort/pod{POD_UID}/{CID}\n",
+    "a Docker scope": f"0::{_BOB}/docker-{CID}.scope\n",
+    "a CRI-O scope": f"0::{_BOB}/crio-{CID2}.scope\n",
+    "another cgroup namespace": f"0::/../../kubepods/pod{POD_UID}/{CID}\n",
+}
 
 USERS = {0: "root", 1000: "alice", 1001: "bob", 1002: "carol"}
 

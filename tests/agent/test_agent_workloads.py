@@ -99,8 +99,11 @@ def test_each_runtime_becomes_its_workload(proc: pf.FakeProc) -> None:
     got = {pid: r.resolve(pid) for pid in (101, 102, 103, 201, 202, 203, 301, 302, 401, 402)}
     assert got == {
         101: Workload("slurm", "48213", user="alice"),
-        102: Workload("slurm", "48213", user="alice", account="nlp"),
-        103: Workload("slurm", "1123_4", user="carol", account="vision", name="sweep"),
+        # the environment's SLURM_JOB_ACCOUNT and SLURM_JOB_USER are the job's user's to write:
+        # the user is the uid's, the account the allocation file's (test_agent_trust.py)
+        102: Workload("slurm", "48213", user="alice"),
+        # the task by its job id; Discovery gives it the array form its environment claims
+        103: Workload("slurm", "1127", user="carol", name="sweep"),
         201: Workload("k8s", "chat/vllm-7d9f8b6c5-k2x4p", account="chat"),
         # names that cannot be read: the pod UID (and the namespace, where known)
         202: Workload("k8s", pf.POD_UID),
@@ -111,12 +114,15 @@ def test_each_runtime_becomes_its_workload(proc: pf.FakeProc) -> None:
         402: Workload("user", "4242", user="4242"),
     }
     assert r.aliases == {"1127": "1123_4"}  # the array form, for the task's other GPUs
+    disc = Discovery(r)
+    disc.begin(1.0, GPUS)
+    assert disc.holders("GPU-aaaa", [103]) == (Workload("slurm", "1123_4", "carol", None, "sweep"),)
 
 
 def test_an_adopted_process_is_its_job_without_the_job_s_environment(proc: pf.FakeProc) -> None:
-    # an ssh session pam_slurm_adopt moved into job 48213: the cgroup says the job, its
-    # environment (another job id, or none) is not the job's
-    proc.add(110, pf.SLURM_V2, uid=1000, env={"SLURM_JOB_ID": "5", "SLURM_JOB_NAME": "other"})
+    # an ssh session pam_slurm_adopt moved into job 48213: the cgroup says the job; the
+    # session's environment names no job (a job name alone is not the job's)
+    proc.add(110, pf.SLURM_V2, uid=1000, env={"SLURM_JOB_NAME": "other"})
     assert resolver(proc).resolve(110) == Workload("slurm", "48213", user="alice")
 
 
@@ -239,7 +245,7 @@ def test_allocation_files_are_parsed_and_checked() -> None:
         "kind must be": {**JOB, "kind": "vm", "gpus": [0]},
         "id must be": {**JOB, "id": " ", "gpus": [0]},
         "user must be a string": {**JOB, "user": 5, "gpus": [0]},
-        "gpus must be a non-empty list": {**JOB, "gpus": []},
+        "gpus must be a list of 1 to 1024": {**JOB, "gpus": []},
         "neither a GPU UUID nor an index": {**JOB, "gpus": [True]},
         "job_id must be": {**JOB, "gpus": [0], "job_id": "12a"},
     }

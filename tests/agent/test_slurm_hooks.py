@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import stat
 import subprocess
@@ -86,9 +87,70 @@ def test_prolog_prefers_gpu_uuids_and_writes_what_json_can_carry(tmp_path: Path)
     assert hook(PROLOG, alloc, **env).returncode == 0
     body = read(alloc)
     assert body["gpus"] == [GPU_A, GPU_B]
-    assert (body["user"], body["account"], body["name"]) == ('o"brien\\', "résumélab", "trainllm")
+    # escaped in the file, so read back whole (the agent drops control characters when it sends)
+    assert (body["user"], body["account"], body["name"]) == (
+        'o"brien\\',
+        "résumé\x01lab",
+        "train\tllm\n",
+    )
+    raw = (alloc / "slurm-48213.json").read_bytes()
+    assert b"\\u0001" in raw and b"\\u0009" in raw and b"\\u000a" in raw
     parsed = allocation_parse(body)
     assert isinstance(parsed, Allocation) and parsed.gpus == (GPU_A, GPU_B)
+
+
+def test_prolog_writes_valid_json_for_names_in_any_encoding(tmp_path: Path) -> None:
+    """Under LC_ALL=C the prolog saw bytes and wrote them: a job named train-\\xff\\xfe or a
+    Latin-1 account made a file that is not UTF-8, which the agent refused, so the job's GPUs
+    counted as parked (issue 47). Now each bad stretch is one U+FFFD, as Python's own decoder
+    replaces it, and the agent reads the job."""
+    alloc = tmp_path / "alloc"
+    env = job_env(
+        SLURM_JOB_NAME=os.fsdecode(b"train-\xff\xfe"),
+        SLURM_JOB_ACCOUNT=os.fsdecode("résumé".encode("latin-1")),
+        SLURM_JOB_USER="zoë",  # valid UTF-8 stays as it is
+    )
+    assert hook(PROLOG, alloc, **env).returncode == 0
+    raw = (alloc / "slurm-48213.json").read_bytes()
+    body = json.loads(raw.decode("utf-8"))  # strict: the file is UTF-8
+    assert (body["name"], body["account"], body["user"]) == (
+        "train-\ufffd\ufffd",
+        "r\ufffdsum\ufffd",
+        "zoë",
+    )
+    (got,) = AllocationDir(str(alloc)).allocations(1.0, {GPU_A: 0, GPU_B: 1})
+    assert got.workload == Workload(
+        "slurm", "48213", "zoë", "r\ufffdsum\ufffd", "train-\ufffd\ufffd"
+    )
+    assert got.gpus == (0, 1)
+
+
+def test_prolog_json_strings_match_python_s_decoder_for_any_bytes(tmp_path: Path) -> None:
+    """Seeded random names of every byte but NUL (the environment cannot hold one), weighted
+    towards UTF-8's lead and continuation bytes, overlong forms, surrogates, code points past
+    U+10FFFF and cut sequences: the file is strict UTF-8 JSON and each name reads back as
+    bytes.decode("utf-8", "replace") of its first 1,024 bytes."""
+    rng = random.Random(47)
+    tricky = b'\x80\xbf\xc0\xc1\xc2\xdf\xe0\xe1\xed\xef\xf0\xf4\xf5\xff\xa0\x9f\x90\x8f\\"\x01\x7fa'
+    names = [b"\xe1\x80A", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf0\x9f\x98\x80", b"\xe2\x82"]
+    names.append("ü".encode() * 600)  # 1,200 bytes, cut at 1,024: between two ü
+    names.append(b"a" + "ü".encode() * 600)  # cut inside a ü: its lone lead byte is U+FFFD
+    for _ in range(60):
+        n = rng.randint(1, 30)
+        names.append(
+            bytes(
+                rng.choice(tricky) if rng.random() < 0.6 else rng.randint(1, 255) for _ in range(n)
+            )
+        )
+    alloc = tmp_path / "alloc"
+    for i, name in enumerate(names):
+        job = str(1000 + i)
+        env = job_env(SLURM_JOB_ID=job, SLURM_JOB_NAME=os.fsdecode(name))
+        assert hook(PROLOG, alloc, **env).returncode == 0
+        raw = (alloc / f"slurm-{job}.json").read_bytes()
+        assert json.loads(raw.decode("utf-8"))["name"] == name[:1024].decode("utf-8", "replace"), (
+            name
+        )
 
 
 @pytest.mark.parametrize(
