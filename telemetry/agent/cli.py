@@ -2,11 +2,12 @@
 
     gpufleet-agent --server URL --token TOKEN [--interval 60] [--spool DIR]
                    [--once --print] [--fake SPEC] [--source nvml|dcgm] [--dcgm-url URL]
-                   [--alloc-dir DIR] [--proc-root DIR]
+                   [--alloc-dir DIR] [--proc-root DIR] [--pod-log-root DIR]
 
 Environment variables stand in for the flags: GPUFLEET_SERVER, GPUFLEET_TOKEN,
 GPUFLEET_INTERVAL, GPUFLEET_SPOOL, GPUFLEET_FAKE, GPUFLEET_SOURCE, GPUFLEET_DCGM_URL,
-GPUFLEET_ALLOC_DIR, GPUFLEET_PROC_ROOT (and GPUFLEET_HOSTNAME, GPUFLEET_LOG_LEVEL).
+GPUFLEET_ALLOC_DIR, GPUFLEET_PROC_ROOT, GPUFLEET_POD_LOG_ROOT (and GPUFLEET_HOSTNAME,
+GPUFLEET_LOG_LEVEL).
 For tests and demos of the fake fleet: GPUFLEET_FAKE_SEED, GPUFLEET_FAKE_SPEED (simulated
 seconds per real second) and GPUFLEET_FAKE_EPOCH (Unix seconds or ISO time anchoring
 the fleet's relative fault times and the sped-up clock).
@@ -20,7 +21,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -36,6 +36,7 @@ from .nvml import NvmlApi, PynvmlApi
 from .source import Source
 from .workloads import (
     DEFAULT_ALLOC_DIR,
+    DEFAULT_POD_LOG_ROOT,
     DEFAULT_PROC_ROOT,
     AllocationDir,
     Discovery,
@@ -107,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("GPUFLEET_PROC_ROOT") or DEFAULT_PROC_ROOT,
         help="with NVML: where to read processes' cgroups and users (default /proc)",
     )
+    p.add_argument(
+        "--pod-log-root",
+        default=env("GPUFLEET_POD_LOG_ROOT") or DEFAULT_POD_LOG_ROOT,
+        help="with NVML: kubelet's pod log directory, whose entries name the pods "
+        f"(default {DEFAULT_POD_LOG_ROOT})",
+    )
     p.add_argument("--hostname", default=env("GPUFLEET_HOSTNAME"), help="override the hostname")
     p.add_argument(
         "--spool-max-samples",
@@ -141,7 +148,7 @@ def _setup(
     if not args.fake:
         # who holds each GPU: its processes through /proc, and the scheduler's allocations
         discovery = Discovery(
-            ProcResolver(args.proc_root, hostname=socket.gethostname()),
+            ProcResolver(args.proc_root, pod_log_root=args.pod_log_root),
             AllocationDir(args.alloc_dir),
         )
         return PynvmlApi(), RealClock(), None, discovery

@@ -24,9 +24,10 @@ names, so a ``job_<id>``, ``pod<uid>`` or container id anywhere else says nothin
   ``/kubepods[/burstable|/besteffort]/pod<uid>/`` (cgroupfs) or
   ``/kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<uid with _>.slice/`` (systemd),
   and containerd's v1 ``name=systemd`` line under ``/system.slice/containerd.service/``. Its id
-  is ``namespace/pod`` from the service-account namespace file mounted in the process's root and
-  the ``HOSTNAME`` of its environment (the pod's name), where the agent may read both; else the
-  pod UID;
+  is ``namespace/pod`` from the name of the pod's log directory, which kubelet creates on the
+  host as ``<pod log root>/<namespace>_<name>_<uid>`` (:meth:`ProcResolver._pod`); else the pod
+  UID, with no account. Never the container's own service-account namespace file or its
+  ``HOSTNAME``: a container that can write its own file system and environment writes those;
 * a container: a 64-hex id as the second segment (``/docker/<id>``, ``/<containerd
   namespace>/<id>``, ``/system.slice/docker-<id>.scope``, ``…/crio-<id>.scope``,
   ``/machine.slice/libpod-<id>.scope``);
@@ -41,9 +42,9 @@ user's, kind ``user``.
 A pid is resolved once: the answer is kept with the process's start time
 (``/proc/<pid>/stat``), read again every second, so a pid reused by another process is resolved
 again. Entries for pids not seen for a while are dropped. The reads of a new process
-(``cgroup``, ``status``, ``environ``, and files inside its root, which its owner can replace
-with a FIFO or put on a FUSE mount that never answers) run in a thread of their own: a tick
-waits for them at most ``RESOLVE_WAIT_S`` in all, and a read that never returns costs that
+(``cgroup``, ``status``, ``environ``, which its owner can make hang, for instance by locking its
+memory, and the pod log root's listing) run in a thread of their own: a tick waits for them at
+most ``RESOLVE_WAIT_S`` in all, and a read that never returns costs that
 process's GPU its workloads, never the sampling. Every read is non-blocking, of regular files
 only and size-bounded (:func:`_read`).
 """
@@ -68,6 +69,8 @@ log = logging.getLogger("gpufleet.agent")
 
 DEFAULT_PROC_ROOT = "/proc"
 DEFAULT_ALLOC_DIR = "/run/gpufleet/alloc"
+# kubelet's podLogsDir (KubeletConfiguration; /var/log/pods unless a site moved it)
+DEFAULT_POD_LOG_ROOT = "/var/log/pods"
 
 KINDS = frozenset({"slurm", "k8s", "container", "user"})
 
@@ -93,14 +96,17 @@ _CONTAINER = re.compile(r"(?:[a-z][a-z0-9-]*-)?([0-9a-f]{64})(?:\.scope)?")
 # an array job id or task id in the environment: a job number, not any digit string
 _JOB_NUMBER = re.compile(r"[0-9]{1,12}")
 
-# Where Kubernetes mounts the service account in every container that has one; /var/run is a
-# symlink to /run in most images, resolved inside the container's root (see _read_in_root).
-_NAMESPACE_FILE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# A pod's log directory, as kubelet names it (kuberuntime's BuildPodLogsDirectory:
+# "<namespace>_<name>_<uid>", created by createPodSandbox before the pod's first container). A
+# namespace is a DNS label and a pod's name a DNS subdomain (the API server validates both), so
+# neither holds '_' and the name splits one way only; anything else there is not kubelet's.
+_K8S_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+_K8S_POD_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?")
 # What the environment may add, where it names the process's own job (SLURM_JOB_ID): the array
 # form and the job's name, both the job's user's own labels. Never SLURM_JOB_USER or
 # SLURM_JOB_ACCOUNT: the user is the process's uid, the account the allocation file's.
 _ENV_KEYS = frozenset(
-    {b"HOSTNAME", b"SLURM_JOB_ID", b"SLURM_ARRAY_JOB_ID", b"SLURM_ARRAY_TASK_ID", b"SLURM_JOB_NAME"}
+    {b"SLURM_JOB_ID", b"SLURM_ARRAY_JOB_ID", b"SLURM_ARRAY_TASK_ID", b"SLURM_JOB_NAME"}
 )
 # /proc/<pid>/environ is the environment the process started with, usually a few KiB
 _ENV_MAX = 1 << 20
@@ -217,34 +223,19 @@ def _read(path: str, limit: int = 65536) -> bytes:
         os.close(fd)
 
 
-def _read_in_root(root: str, rel: str) -> bytes:
-    """Read ``rel`` inside a process's root directory (``/proc/<pid>/root``), following the
-    symlinks on the way inside that root: the kernel would resolve an absolute link such as
-    ``/var/run -> /run`` against the agent's own root and read the host's file (or the agent's
-    own pod's, where the agent runs in one)."""
-    todo = [p for p in rel.split("/") if p]
-    done: list[str] = []
-    hops = 0
-    while todo:
-        part = todo.pop(0)
-        if part == "..":
-            if done:
-                done.pop()
-            continue
-        if part == ".":
-            continue
-        path = os.path.join(root, *done, part)
-        if os.path.islink(path):
-            hops += 1
-            if hops > 8:
-                raise OSError(f"too many symlinks under {root}")
-            target = os.readlink(path)
-            if target.startswith("/"):
-                done = []
-            todo = [p for p in target.split("/") if p] + todo
-            continue
-        done.append(part)
-    return _read(os.path.join(root, *done), 4096)
+def _trusted_owners(owners: Collection[int] | None) -> frozenset[int]:
+    """Who may own what the agent believes: ``owners``, by default root and the agent's user."""
+    return frozenset(owners) if owners is not None else frozenset({0, os.geteuid()})
+
+
+def _untrusted(st: os.stat_result, owners: Collection[int]) -> str | None:
+    """Why a file or directory with this ``stat`` may hold what someone other than a root-run
+    daemon (the scheduler's hook, kubelet) wrote; ``None`` where it cannot."""
+    if st.st_uid not in owners:
+        return f"belongs to uid {st.st_uid}, not to root (or the agent's user)"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def user_name(uid: int) -> str:
@@ -299,8 +290,9 @@ class ProcessResolver(Protocol):
 
 class ProcResolver:
     """Resolves process ids through a ``/proc`` tree (``proc_root``: the host's, or a fake one
-    in tests). ``users`` maps a uid to a name (default: the node's passwd); ``hostname`` is the
-    node's, to tell a host-network pod (whose ``HOSTNAME`` is the node's) from a named one;
+    in tests). ``users`` maps a uid to a name (default: the node's passwd); ``pod_log_root``:
+    kubelet's pod log directory on this host, whose entries name the pods (:meth:`_pod`), believed
+    where it and they belong to one of ``owners`` (default: root, and the agent's own user);
     ``wait_s``: the most one tick waits for the reads of new processes."""
 
     def __init__(
@@ -308,12 +300,14 @@ class ProcResolver:
         proc_root: str = DEFAULT_PROC_ROOT,
         *,
         users: Callable[[int], str] = user_name,
-        hostname: str | None = None,
+        pod_log_root: str = DEFAULT_POD_LOG_ROOT,
+        owners: Collection[int] | None = None,
         wait_s: float = RESOLVE_WAIT_S,
     ) -> None:
         self.root = proc_root.rstrip("/") or "/"
         self.users = users
-        self.hostname = hostname
+        self.pod_log_root = pod_log_root
+        self.owners = _trusted_owners(owners)
         self.wait_s = wait_s
         self.aliases: dict[str, str] = {}
         self.aliases_version = 0
@@ -447,11 +441,10 @@ class ProcResolver:
                 )
             return Workload("user", user, user=user), None
         kind, ident = owner
-        env = self._environ(pid)
         if kind == "slurm":
-            return self._slurm(pid, ident, user, env)
+            return self._slurm(pid, ident, user, self._environ(pid))
         if kind == "k8s":
-            return self._pod(pid, ident, env), None
+            return self._pod(ident), None
         return Workload("container", ident), None
 
     def _slurm(self, pid: int, job_id: str, user: str, env: dict[str, str]) -> _Resolved:
@@ -501,28 +494,89 @@ class ProcResolver:
             self._refused.clear()
         self.aliases_version += 1
 
-    def _pod(self, pid: int, pod_uid: str, env: dict[str, str]) -> Workload:
-        namespace: str | None = None
+    def _pod(self, pod_uid: str) -> Workload:
+        """Pod ``pod_uid`` (from its cgroup) as ``namespace/name``, account = the namespace,
+        where kubelet's log directory of the pod says them; else by its UID, with no account."""
+        names = self._pod_names(pod_uid)
+        if names is None:
+            return Workload("k8s", pod_uid)
+        namespace, name = names
+        return Workload("k8s", f"{namespace}/{name}", account=namespace)
+
+    def _pod_names(self, pod_uid: str) -> tuple[str, str] | None:
+        """Namespace and name of pod ``pod_uid`` from the one entry ``<namespace>_<name>_<uid>``
+        of the pod log root: kubelet makes it, as root, in a root-owned directory that no pod
+        can write (a pod allowed hostPath mounts of it, or privileged, is the node's root
+        anyway). The pod's own claims (its service-account namespace file, its ``HOSTNAME``)
+        are never read: its container can rewrite them."""
+        root = self.pod_log_root
         try:
-            namespace = _read_in_root(f"{self.root}/{pid}/root", _NAMESPACE_FILE).decode().strip()
-        except FileNotFoundError:
-            pass  # a pod without a service account token (automountServiceAccountToken: false)
-        except NotRegularFile as e:
-            self._say("sa-not-file", "pod %s: %s; the pod goes by its UID (said once)", pod_uid, e)
-        except (OSError, UnicodeDecodeError) as e:
-            self._denied("root", e)
-        pod = env.get("HOSTNAME")
-        if pod and self.hostname and pod == self.hostname:
-            pod = None  # a host-network pod: its HOSTNAME is the node's, not the pod's name
-        if namespace and pod:
-            return Workload("k8s", f"{namespace}/{pod}", account=namespace)
-        return Workload("k8s", pod_uid, account=namespace or None)
+            st = os.stat(root)  # the root may be a link an operator made; its entries may not
+            why = _untrusted(st, self.owners) if stat.S_ISDIR(st.st_mode) else "is not a directory"
+            if why is None:
+                with os.scandir(root) as it:
+                    names = [e.name for e in it]
+        except OSError as e:
+            why = f"cannot be read ({e.strerror or e})"
+        if why is not None:
+            self._say(
+                "pod-root",
+                "pod log directory %s %s: Kubernetes pods are sent by their UID, with no account; "
+                "give the agent kubelet's pod log directory, read-only (--pod-log-root, "
+                "docs/agent.md, said once)",
+                root,
+                why,
+            )
+            return None
+        suffix = "_" + pod_uid
+        found = [n for n in names if n.endswith(suffix)]
+        if len(found) != 1:
+            # none: a kubelet before 1.14 (it named the directory by the UID alone), or a root
+            # that is not kubelet's podLogsDir; several: someone else made one
+            self._say(
+                f"pod-{pod_uid}" if found else "pod-none",
+                "pod %s has %d log directories named <namespace>_<name>_<uid> in %s, not one: it "
+                "is sent by its UID, with no account (said once%s)",
+                pod_uid,
+                len(found),
+                root,
+                " per pod" if found else "",
+            )
+            return None
+        namespace, _, name = found[0][: -len(suffix)].partition("_")
+        try:
+            est = os.lstat(os.path.join(root, found[0]))
+        except OSError:
+            return None  # gone since the listing: the pod ended
+        why = _untrusted(est, self.owners) if stat.S_ISDIR(est.st_mode) else "is not a directory"
+        if why is None and not (
+            _K8S_NAMESPACE.fullmatch(namespace) and _K8S_POD_NAME.fullmatch(name)
+        ):
+            why = "is not <namespace>_<name>_<uid> as kubelet writes it"
+        if why is None:
+            return namespace, name
+        self._say(
+            f"pod-{pod_uid}",
+            "pod log directory %s/%s %s: pod %s is sent by its UID, with no account (said once "
+            "per pod)",
+            root,
+            found[0][:300],
+            why,
+            pod_uid,
+        )
+        return None
 
     def _environ(self, pid: int) -> dict[str, str]:
         try:
             data = _read(f"{self.root}/{pid}/environ", _ENV_MAX)
         except PermissionError as e:
-            self._denied("environ", e)
+            self._say(
+                "environ",
+                "cannot read /proc/<pid>/environ of other users' processes (%s): Slurm jobs are "
+                "sent without the name and array id that their environment holds; run the agent "
+                "as root or give it CAP_SYS_PTRACE (docs/agent.md, said once)",
+                e,
+            )
             return {}
         except OSError:
             return {}
@@ -540,17 +594,6 @@ class ProcResolver:
                 self._names.clear()
             name = self._names[uid] = self.users(uid)
         return name
-
-    def _denied(self, what: str, e: BaseException) -> None:
-        self._say(
-            what,
-            "cannot read /proc/<pid>/%s of other users' processes (%s): Kubernetes pods are "
-            "sent by their UID, and Slurm jobs without the name and array id that their "
-            "environment holds; run the agent as root or give it CAP_SYS_PTRACE "
-            "(docs/agent.md, said once)",
-            what,
-            e,
-        )
 
     def _say(self, key: str, message: str, *args: object) -> None:
         if key not in self._said:
@@ -679,7 +722,7 @@ class AllocationDir:
         owners: Collection[int] | None = None,
     ) -> None:
         self.path = path
-        self.owners = frozenset(owners) if owners is not None else frozenset({0, os.geteuid()})
+        self.owners = _trusted_owners(owners)
         self._wall = wall  # the file system's clock, for ALLOC_RACY_S
         self._looked = -float("inf")
         self._scanned = -float("inf")
@@ -705,7 +748,7 @@ class AllocationDir:
             self._say(("dir", str(e)), "allocation directory %s cannot be read (%s)", self.path, e)
             self._current = ()
             return self._current
-        why = "is not a directory" if not stat.S_ISDIR(st.st_mode) else self._untrusted(st)
+        why = "is not a directory" if not stat.S_ISDIR(st.st_mode) else _untrusted(st, self.owners)
         if why:
             self._say(
                 ("dir", why),
@@ -754,7 +797,7 @@ class AllocationDir:
                 parsed = old[1]
             elif not stat.S_ISREG(st.st_mode):
                 parsed = "is not a regular file"
-            elif why := self._untrusted(st):
+            elif why := _untrusted(st, self.owners):
                 parsed = why
             elif st.st_size > ALLOC_MAX_BYTES:
                 parsed = f"is {st.st_size} bytes, more than an allocation file holds"
@@ -799,15 +842,6 @@ class AllocationDir:
         except Exception as e:  # a file the parser did not foresee must not stop the agent
             log.exception("allocation file %s/%s: unexpected error while parsing", self.path, name)
             return f"is not an allocation ({type(e).__name__})"
-
-    def _untrusted(self, st: os.stat_result) -> str | None:
-        """Why a file or directory with this ``lstat`` may hold what someone other than the
-        scheduler's hook wrote; ``None`` where it cannot."""
-        if st.st_uid not in self.owners:
-            return f"belongs to uid {st.st_uid}, not to root (or the agent's user)"
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-        return None
 
     def _skip(self, name: str, fkey: _FileKey, why: str) -> None:
         self._say(

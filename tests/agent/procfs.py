@@ -34,6 +34,17 @@ runtime (cgroup v1: one line per hierarchy, ``id:controllers:path``; v2: the one
   ``/kubepods/besteffort/pod<uid>/crio-<id>``, Docker ``/docker/<id>`` (cgroupfs) and
   ``docker-<id>.scope`` under ``system.slice`` (moby cmd/dockerd, ``newCgroupParent``: parent
   ``system.slice`` with the systemd driver, ``docker`` otherwise).
+* A pod's names on the host: kubelet makes one log directory per pod,
+  ``<podLogsDir>/<namespace>_<name>_<uid>`` (kubernetes/kubernetes
+  pkg/kubelet/kuberuntime/helpers.go, ``BuildPodLogsDirectory``, ``logPathDelimiter = "_"``),
+  with ``MkdirAll(…, 0755)`` in ``createPodSandbox`` (kuberuntime_sandbox.go) before the pod's
+  sandbox and containers start; ``podLogsDir`` is ``/var/log/pods`` by default. Each container's
+  logs are ``<container>/<restart count>.log`` inside it. What the container itself could
+  rewrite: its service-account ``namespace`` file (a projected volume the pod's author defines,
+  the file inside the container's own root) and ``HOSTNAME`` (its environment; a pod's
+  ``spec.hostname`` sets it too), and the host's ``<kubelet root>/pods/<uid>/etc-hosts``, which
+  kubelet bind-mounts as the container's ``/etc/hosts`` with ``ReadOnly: false``
+  (kubelet_pods.go, ``makeHostsMount``).
 * A login session: systemd's ``/user.slice/user-<uid>.slice/session-<n>.scope``.
 * What a user can name: systemd delegates ``/user.slice/user-<uid>.slice/user@<uid>.service``
   to the user's own manager (systemd.resource-control(5), ``Delegate=``; "Control Group APIs
@@ -157,7 +168,8 @@ class FakeProc:
     ) -> Path:
         """A process: its cgroup file, ``status`` (Uid), ``stat`` (start time), ``environ``, and,
         with ``namespace``, a container root holding the service-account namespace file behind
-        Debian's ``/var/run -> /run`` symlink."""
+        Debian's ``/var/run -> /run`` symlink: a pod's own claim, which the agent must not read
+        (its names are kubelet's, :class:`FakePodLogs`)."""
         d = self.root / str(pid)
         d.mkdir(parents=True, exist_ok=True)
         (d / "cgroup").write_text(cgroup)
@@ -183,3 +195,20 @@ class FakeProc:
         import shutil
 
         shutil.rmtree(self.root / str(pid))
+
+
+class FakePodLogs:
+    """kubelet's pod log directory (``/var/log/pods``) in a directory: one entry per pod."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o755)  # whatever the umask, as on a node
+
+    def add(self, namespace: str, name: str, uid: str = POD_UID, container: str = "main") -> Path:
+        """The pod's directory, as kubelet names it, with its container's first log file."""
+        d = self.root / f"{namespace}_{name}_{uid}"
+        (d / container).mkdir(parents=True)
+        d.chmod(0o755)  # kubelet's MkdirAll(…, 0755)
+        (d / container / "0.log").write_text("")
+        return d

@@ -241,3 +241,21 @@ def test_environment_stands_in_for_flags() -> None:
     (s,) = json.loads(r.stdout)["samples"]
     assert s["seconds"] == 30
     assert json.loads(r.stdout)["gpus"][0]["name"] == "NVIDIA L4"
+
+
+def test_the_pod_log_root_reaches_the_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--pod-log-root, or GPUFLEET_POD_LOG_ROOT, is where the NVML agent reads the pods' names
+    (docs/agent.md); kubelet's default without either."""
+    from telemetry.agent import cli
+    from telemetry.agent.workloads import ProcResolver
+
+    def pod_log_root(*argv: str) -> str:
+        discovery = cli._setup(cli.build_parser().parse_args(list(argv)))[3]
+        assert discovery is not None and isinstance(discovery.resolver, ProcResolver)
+        return discovery.resolver.pod_log_root
+
+    monkeypatch.delenv("GPUFLEET_POD_LOG_ROOT", raising=False)
+    assert pod_log_root() == "/var/log/pods"
+    assert pod_log_root("--pod-log-root", "/srv/kubelet/pods-logs") == "/srv/kubelet/pods-logs"
+    monkeypatch.setenv("GPUFLEET_POD_LOG_ROOT", "/data/log/pods")
+    assert pod_log_root() == "/data/log/pods"

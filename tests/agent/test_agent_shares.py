@@ -62,11 +62,12 @@ class Node:
 
     def __init__(self, tmp: Path, gpus: list[ScriptedGpu]) -> None:
         self.proc = pf.FakeProc(tmp / "proc")
+        self.pods = pf.FakePodLogs(tmp / "pods")  # kubelet's /var/log/pods
         self.alloc = tmp / "alloc"
         self.alloc.mkdir()
         self.clock = VirtualClock(T0)
         self.discovery = Discovery(
-            ProcResolver(str(self.proc.root), users=pf.user_name, hostname="gpu-07"),
+            ProcResolver(str(self.proc.root), users=pf.user_name, pod_log_root=str(self.pods.root)),
             AllocationDir(str(self.alloc)),
         )
         api = FakeNvml(gpus, self.clock.time)
@@ -148,7 +149,8 @@ def test_a_process_that_appears_mid_interval(tmp_path: Path) -> None:
     4 × 0.6 = 2.4 s. Seconds 4–9: both, each 6 × 1/2 = 3 s, air 6 × 0.6 / 2 = 1.8 s.
     Pod: 7.0 s, air 4.2 s; bob: 3.0 s, air 1.8 s; together the 10 s."""
     node = Node(tmp_path, [gpu(0, const(60), lambda s: [201, 303] if s >= 4 else [201])])
-    node.proc.add(201, pf.K8S_SYSTEMD, uid=0, env={"HOSTNAME": "vllm-0"}, namespace="chat")
+    node.pods.add("chat", "vllm-0")
+    node.proc.add(201, pf.K8S_SYSTEMD, uid=0)
     node.proc.add(303, pf.USER_V2, uid=1001)
     s = node.run()[uuid(0)]
     assert s["workloads"] == [

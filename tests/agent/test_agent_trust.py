@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -39,8 +40,15 @@ def proc(tmp_path: Path) -> pf.FakeProc:
     return pf.FakeProc(tmp_path / "proc")
 
 
+@pytest.fixture
+def pods(tmp_path: Path) -> pf.FakePodLogs:
+    return pf.FakePodLogs(tmp_path / "pods")
+
+
 def resolver(proc: pf.FakeProc, **kw: Any) -> ProcResolver:
-    return ProcResolver(str(proc.root), users=pf.user_name, hostname="gpu-07", **kw)
+    # kubelet's pod log directory beside the fake /proc (made by the pods fixture, where used)
+    kw.setdefault("pod_log_root", str(proc.root.parent / "pods"))
+    return ProcResolver(str(proc.root), users=pf.user_name, **kw)
 
 
 class Allocs:
@@ -118,9 +126,105 @@ def test_a_forged_job_cgroup_takes_no_one_s_job(proc: pf.FakeProc) -> None:
 
 
 @pytest.mark.parametrize("cgroup", ["a cgroupfs pod", "a Docker scope"])
-def test_a_forged_pod_or_container_cgroup_is_its_user(proc: pf.FakeProc, cgroup: str) -> None:
+def test_a_forged_pod_or_container_cgroup_is_its_user(
+    proc: pf.FakeProc, pods: pf.FakePodLogs, cgroup: str
+) -> None:
+    pods.add("finance", "vllm-0")  # the real pod whose UID bob's cgroup names
     proc.add(901, pf.FORGED[cgroup], uid=1001, env={"HOSTNAME": "vllm-0"}, namespace="finance")
     assert resolver(proc).resolve(901) == Workload("user", "bob", user="bob")
+
+
+def test_a_pod_that_rewrote_its_own_claims_keeps_the_names_kubelet_gave_it(
+    proc: pf.FakeProc, pods: pf.FakePodLogs
+) -> None:
+    """The red team's pod chat/vllm-0 rewrites its service-account namespace file to "finance"
+    and sets HOSTNAME=payroll-0 (a container that may write its own root and environment can).
+    Before: workload finance/payroll-0, account finance (the finance team charged, its owners
+    told). Now: chat/vllm-0, account chat, from kubelet's log directory on the host."""
+    pods.add("chat", "vllm-0")
+    proc.add(970, pf.K8S_SYSTEMD, uid=0, env={"HOSTNAME": "payroll-0"}, namespace="finance")
+    assert resolver(proc).resolve(970) == Workload("k8s", "chat/vllm-0", account="chat")
+
+
+@pytest.mark.parametrize("host", ["no pod log root", "no directory of the pod", "kubelet < 1.14"])
+def test_without_kubelet_s_copy_a_pod_goes_by_its_uid_with_no_account(
+    proc: pf.FakeProc, tmp_path: Path, caplog: pytest.LogCaptureFixture, host: str
+) -> None:
+    """Where the agent cannot see kubelet's names (no /var/log/pods mounted, the pod's
+    directory not there, or a kubelet before 1.14 that named it by the UID alone), the pod is
+    its UID with no account, said once. Before: finance/payroll-0, account finance, from the
+    pod's own claims."""
+    if host != "no pod log root":
+        root = pf.FakePodLogs(tmp_path / "pods")
+        root.add("chat", "vllm-1", "0f0e0d0c-0b0a-4909-8807-060504030201")  # another pod
+        if host == "kubelet < 1.14":
+            (root.root / pf.POD_UID).mkdir()
+    proc.add(971, pf.K8S_SYSTEMD, uid=0, env={"HOSTNAME": "payroll-0"}, namespace="finance")
+    proc.add(972, pf.K8S_CRIO, uid=0, env={"HOSTNAME": "payroll-1"}, namespace="finance")
+    r = resolver(proc)
+    with caplog.at_level(logging.WARNING, "gpufleet.agent"):
+        assert r.resolve(971) == Workload("k8s", pf.POD_UID)
+        assert r.resolve(972) == Workload("k8s", pf.POD_UID)
+    said = [m for m in caplog.messages if "sent by its UID" in m or "sent by their UID" in m]
+    assert len(said) == 1, said
+
+
+def test_a_pod_log_entry_kubelet_did_not_write_is_not_believed(
+    proc: pf.FakeProc, pods: pf.FakePodLogs, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pod's UID with a second entry beside kubelet's (someone else made one), an entry
+    that is a link, one whose names are no namespace and pod name, or a root others may write:
+    the pod goes by its UID, and it is said. The same tree made right names it again."""
+    proc.add(973, pf.K8S_SYSTEMD, uid=0)
+    real = pods.add("chat", "vllm-0")
+    fake = pods.add("finance", "payroll-0")  # the same (default) UID
+    chat = Workload("k8s", "chat/vllm-0", account="chat")
+    cases: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
+        ("2 log directories", lambda: None, lambda: shutil.rmtree(fake)),
+        (
+            "is not a directory",
+            lambda: (real.rename(tmp_path / "elsewhere"), real.symlink_to(tmp_path / "elsewhere")),
+            lambda: (real.unlink(), (tmp_path / "elsewhere").rename(real)),
+        ),
+        (
+            "is not <namespace>_<name>_<uid>",
+            lambda: real.rename(pods.root / f"Chat_vllm-0_{pf.POD_UID}"),
+            lambda: (pods.root / f"Chat_vllm-0_{pf.POD_UID}").rename(real),
+        ),
+        (
+            "is writable by group or others (mode 0777)",
+            lambda: pods.root.chmod(0o777),
+            lambda: pods.root.chmod(0o755),
+        ),
+    ]
+    for why, spoil, mend in cases:
+        spoil()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "gpufleet.agent"):
+            assert resolver(proc).resolve(973) == Workload("k8s", pf.POD_UID), why
+        assert any(why in m for m in caplog.messages), (why, caplog.messages)
+        mend()
+    assert resolver(proc).resolve(973) == chat
+
+
+def test_a_pod_log_root_or_entry_of_another_owner_is_not_believed(
+    proc: pf.FakeProc, pods: pf.FakePodLogs, caplog: pytest.LogCaptureFixture
+) -> None:
+    """bob (uid 1001) made the pod's entry, or owns the root (could make any): not kubelet's."""
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another uid needs root")
+    proc.add(974, pf.K8S_SYSTEMD, uid=0)
+    d = pods.add("finance", "payroll-0")
+    os.chown(d, 1001, 1001)
+    with caplog.at_level(logging.WARNING, "gpufleet.agent"):
+        assert resolver(proc).resolve(974) == Workload("k8s", pf.POD_UID)
+    assert any("belongs to uid 1001" in m for m in caplog.messages)
+    os.chown(d, 0, 0)
+    os.chown(pods.root, 1001, 1001)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "gpufleet.agent"):
+        assert resolver(proc).resolve(974) == Workload("k8s", pf.POD_UID)
+    assert any("belongs to uid 1001" in m for m in caplog.messages)
 
 
 def test_a_path_from_another_cgroup_namespace_is_said(
@@ -284,21 +388,20 @@ def test_the_default_owners_are_root_and_the_agent_s_user() -> None:
 # -- 2. nothing a workload writes stops or crashes the agent ------------------------------------
 
 
-def test_a_fifo_at_the_service_account_path_does_not_block(
-    proc: pf.FakeProc, caplog: pytest.LogCaptureFixture
+def test_a_fifo_in_the_pod_s_own_files_is_never_opened(
+    proc: pf.FakeProc, pods: pf.FakePodLogs
 ) -> None:
     """The pod replaces its namespace file with a FIFO: before, open() waited for a writer
-    forever inside the tick. Now the read returns at once, the pod goes by its UID, and it is
-    said."""
+    forever inside the tick. Now the agent reads none of the pod's files (its names are
+    kubelet's), and _read refuses a FIFO at once wherever one stands."""
+    pods.add("chat", "vllm-0")
     d = proc.add(960, pf.K8S_SYSTEMD, uid=0, env={"HOSTNAME": "vllm-0"}, namespace="chat")
     ns = d / "root" / "run" / "secrets" / "kubernetes.io" / "serviceaccount" / "namespace"
     ns.unlink()
     os.mkfifo(ns)
     try:
-        with caplog.at_level(logging.WARNING, "gpufleet.agent"):
-            got = returns(lambda: resolver(proc).resolve(960))
-        assert got == Workload("k8s", pf.POD_UID)
-        assert any("is not a regular file" in m for m in caplog.messages)
+        got = returns(lambda: resolver(proc).resolve(960))
+        assert got == Workload("k8s", "chat/vllm-0", account="chat")
         with pytest.raises(wl.NotRegularFile):
             returns(lambda: wl._read(str(ns)))
     finally:

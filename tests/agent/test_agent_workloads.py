@@ -68,11 +68,18 @@ def proc(tmp_path: Path) -> pf.FakeProc:
     return pf.FakeProc(tmp_path / "proc")
 
 
+@pytest.fixture
+def pods(tmp_path: Path) -> pf.FakePodLogs:
+    return pf.FakePodLogs(tmp_path / "pods")
+
+
 def resolver(proc: pf.FakeProc, **kw: Any) -> ProcResolver:
-    return ProcResolver(str(proc.root), users=pf.user_name, hostname="gpu-07", **kw)
+    # kubelet's pod log directory beside the fake /proc (made by the pods fixture, where used)
+    kw.setdefault("pod_log_root", str(proc.root.parent / "pods"))
+    return ProcResolver(str(proc.root), users=pf.user_name, **kw)
 
 
-def test_each_runtime_becomes_its_workload(proc: pf.FakeProc) -> None:
+def test_each_runtime_becomes_its_workload(proc: pf.FakeProc, pods: pf.FakePodLogs) -> None:
     proc.add(101, pf.SLURM_V1, uid=1000)
     proc.add(102, pf.SLURM_V2, uid=1000, env={"SLURM_JOB_ID": "48213", "SLURM_JOB_ACCOUNT": "nlp"})
     proc.add(
@@ -88,15 +95,17 @@ def test_each_runtime_becomes_its_workload(proc: pf.FakeProc) -> None:
             "SLURM_JOB_NAME": "sweep",
         },
     )
-    proc.add(201, pf.K8S_SYSTEMD, uid=0, env={"HOSTNAME": "vllm-7d9f8b6c5-k2x4p"}, namespace="chat")
-    proc.add(202, pf.K8S_CGROUPFS, uid=0, env={"HOSTNAME": "trainer-0"})  # no service account
-    proc.add(203, pf.K8S_CRIO, uid=0, namespace="infer")  # no HOSTNAME in its environment
+    pods.add("chat", "vllm-7d9f8b6c5-k2x4p")
+    proc.add(201, pf.K8S_SYSTEMD, uid=0)
+    # a static pod (the manifest's hash as UID; kubelet names it <name>-<node>)
+    pods.add("kube-system", "dcgm-exporter-gpu-07", pf.STATIC_POD_UID)
+    proc.add(202, pf.K8S_CONTAINERD_V1_SYSTEMD, uid=0)
     proc.add(301, pf.DOCKER_V2, uid=0)
     proc.add(302, pf.CONTAINERD_PLAIN, uid=1001)
     proc.add(401, pf.USER_V2, uid=1001, comm="python (nb) x)")  # a name with ') ' in it
     proc.add(402, pf.USER_V1, uid=4242)  # a uid the node has no name for
     r = resolver(proc)
-    got = {pid: r.resolve(pid) for pid in (101, 102, 103, 201, 202, 203, 301, 302, 401, 402)}
+    got = {pid: r.resolve(pid) for pid in (101, 102, 103, 201, 202, 301, 302, 401, 402)}
     assert got == {
         101: Workload("slurm", "48213", user="alice"),
         # the environment's SLURM_JOB_ACCOUNT and SLURM_JOB_USER are the job's user's to write:
@@ -104,10 +113,10 @@ def test_each_runtime_becomes_its_workload(proc: pf.FakeProc) -> None:
         102: Workload("slurm", "48213", user="alice"),
         # the task by its job id; Discovery gives it the array form its environment claims
         103: Workload("slurm", "1127", user="carol", name="sweep"),
+        # the names of kubelet's log directory of the pod (test_agent_trust.py: never the
+        # pod's own claims, and the UID without an account where the directory is not there)
         201: Workload("k8s", "chat/vllm-7d9f8b6c5-k2x4p", account="chat"),
-        # names that cannot be read: the pod UID (and the namespace, where known)
-        202: Workload("k8s", pf.POD_UID),
-        203: Workload("k8s", pf.POD_UID, account="infer"),
+        202: Workload("k8s", "kube-system/dcgm-exporter-gpu-07", account="kube-system"),
         301: Workload("container", pf.CID),
         302: Workload("container", pf.CID2),
         401: Workload("user", "bob", user="bob"),
@@ -126,32 +135,33 @@ def test_an_adopted_process_is_its_job_without_the_job_s_environment(proc: pf.Fa
     assert resolver(proc).resolve(110) == Workload("slurm", "48213", user="alice")
 
 
-def test_a_host_network_pod_is_not_named_after_the_node(proc: pf.FakeProc) -> None:
-    proc.add(220, pf.K8S_SYSTEMD, uid=0, env={"HOSTNAME": "gpu-07"}, namespace="monitoring")
-    assert resolver(proc).resolve(220) == Workload("k8s", pf.POD_UID, account="monitoring")
-
-
-def test_the_namespace_file_is_read_inside_the_container_root(
-    proc: pf.FakeProc, tmp_path: Path
+def test_a_pod_goes_by_its_name_whatever_its_hostname(
+    proc: pf.FakeProc, pods: pf.FakePodLogs
 ) -> None:
-    """/var/run -> /run is absolute: resolved by the kernel it would lead to the agent's own /run
-    (here: a decoy), never the container's."""
-    d = proc.add(230, pf.K8S_SYSTEMD, uid=0, env={"HOSTNAME": "p-0"}, namespace="team-a")
-    decoy = tmp_path / "decoy"
-    decoy.mkdir()
-    (d / "root" / "var" / "run").unlink()
-    (d / "root" / "var" / "run").symlink_to("../run")  # a relative link works the same
-    assert resolver(proc).resolve(230) == Workload("k8s", "team-a/p-0", account="team-a")
-    (d / "root" / "var" / "run").unlink()
-    (d / "root" / "var" / "run").symlink_to(str(decoy))  # absolute, to a path outside
-    assert resolver(proc).resolve(230) == Workload("k8s", pf.POD_UID)
+    """A host-network pod's HOSTNAME is the node's, a pod with spec.hostname has that one: the
+    name is the pod's all the same (before: the node's name made it go by its UID, and
+    spec.hostname stood in for the name)."""
+    pods.add("monitoring", "node-exporter-x7k2p")
+    proc.add(220, pf.K8S_SYSTEMD, uid=0, env={"HOSTNAME": "gpu-07"}, namespace="monitoring")
+    assert resolver(proc).resolve(220) == Workload(
+        "k8s", "monitoring/node-exporter-x7k2p", account="monitoring"
+    )
+    pods.add("research", "train-llm-0", pf.STATIC_POD_UID)
+    proc.add(221, pf.K8S_CONTAINERD_V1_SYSTEMD, uid=0, env={"HOSTNAME": "trainer"})
+    assert resolver(proc).resolve(221) == Workload(
+        "k8s", "research/train-llm-0", account="research"
+    )
 
 
-def test_without_ptrace_rights_pods_go_by_uid_and_it_is_said_once(
-    proc: pf.FakeProc, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_without_ptrace_rights_pods_keep_their_names_and_it_is_said_once(
+    proc: pf.FakeProc,
+    pods: pf.FakePodLogs,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A non-root agent (DynamicUser) reads cgroup and status of every process, but not the
-    environ or root of other users' processes: EACCES, as the kernel answers."""
+    environ of other users' processes: EACCES, as the kernel answers. Pods keep their names
+    (the pod log directory is world-readable); Slurm jobs lose their environment's name."""
     real = wl._read
 
     def denied(path: str, limit: int = 65536) -> bytes:
@@ -160,17 +170,19 @@ def test_without_ptrace_rights_pods_go_by_uid_and_it_is_said_once(
         return real(path, limit)
 
     monkeypatch.setattr(wl, "_read", denied)
-    proc.add(201, pf.K8S_SYSTEMD, uid=0, env={"HOSTNAME": "vllm-0"}, namespace="chat")
-    proc.add(202, pf.K8S_CGROUPFS, uid=0, env={"HOSTNAME": "vllm-1"}, namespace="chat")
-    proc.add(102, pf.SLURM_V2_ARRAY, uid=1002, env={"SLURM_JOB_ID": "1127"})
+    pods.add("chat", "vllm-0")
+    proc.add(201, pf.K8S_SYSTEMD, uid=0)
+    proc.add(202, pf.K8S_CGROUPFS, uid=0)
+    proc.add(102, pf.SLURM_V2_ARRAY, uid=1002, env={"SLURM_JOB_ID": "1127", "SLURM_JOB_NAME": "x"})
+    proc.add(103, pf.SLURM_V2, uid=1000, env={"SLURM_JOB_ID": "48213"})
     r = resolver(proc)
     with caplog.at_level(logging.WARNING, "gpufleet.agent"):
-        assert r.resolve(201) == Workload("k8s", pf.POD_UID)
-        assert r.resolve(202) == Workload("k8s", pf.POD_UID)
+        assert r.resolve(201) == Workload("k8s", "chat/vllm-0", account="chat")
+        assert r.resolve(202) == Workload("k8s", "chat/vllm-0", account="chat")
         assert r.resolve(102) == Workload("slurm", "1127", user="carol")
+        assert r.resolve(103) == Workload("slurm", "48213", user="alice")
     said = [m for m in caplog.messages if "CAP_SYS_PTRACE" in m]
-    assert len(said) == 2  # once for environ, once for root, whatever the processes
-    assert "/proc/<pid>/environ" in said[0] and "/proc/<pid>/root" in said[1]
+    assert len(said) == 1 and "/proc/<pid>/environ" in said[0]  # once, whatever the processes
 
 
 def test_a_pid_is_resolved_once_and_again_when_reused(
