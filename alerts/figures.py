@@ -310,6 +310,7 @@ class SilentGpu:
     label: str
     silent_s: float  # since its last sample ended (or since it entered service, if never)
     last_seen_at: dt.datetime | None
+    silent_since: dt.datetime  # the moment its silence began: now − silent_s
 
 
 def _gpus_now(now: dt.datetime) -> list[dict[str, Any]]:
@@ -356,15 +357,16 @@ def gpus_in_service(*, now: dt.datetime, scope: Scope) -> list[SilentGpu]:
         started = row["in_service_at"] or row["first_seen_at"]
         if started is None or started > now or not inside(row):
             continue
-        last = row["last_seen_at"] or started
+        silent_since = min(now, max(row["last_seen_at"] or started, started))
         hostname = row["hostname"]
         label = f"{hostname}#{row['index']}" if row["index"] is not None else hostname
         out.append(
             SilentGpu(
                 subject=f"gpu:{row['uuid']}",
                 label=label,
-                silent_s=max(0.0, (now - max(last, started)).total_seconds()),
+                silent_s=(now - silent_since).total_seconds(),
                 last_seen_at=row["last_seen_at"],
+                silent_since=silent_since,
             )
         )
     return out

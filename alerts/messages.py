@@ -30,6 +30,13 @@ from billing.formatting import MISSING, money
 SIGNATURE_HEADER = "X-Gpufleet-Signature"
 
 
+def slack_escape(text: str) -> str:
+    """Text as Slack shows it literally: ``&``, ``<`` and ``>`` are its control characters
+    (links, mentions such as ``<!channel>``) and become ``&amp;``, ``&lt;``, ``&gt;``, as
+    Slack's formatting reference asks; nothing else is encoded (Slack would show it)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def value_text(value: Decimal | None, unit: str, currency: str = "") -> str:
     """A value or threshold as people read it, in the rule's unit."""
     if value is None:
@@ -179,11 +186,14 @@ class Notice:
 
     @property
     def text(self) -> str:
-        """Slack-compatible: mrkdwn bold and a ``<url|label>`` link."""
+        """Slack-compatible: mrkdwn bold and a ``<url|label>`` link. Every piece is escaped
+        (``slack_escape``): a name holds what its GPU, node or workload was called, and
+        ``<!channel>`` or ``<https://…|Sign in>`` in a workload's name must stay text."""
         icon = ":white_check_mark:" if self.state == RESOLVED else ":rotating_light:"
+        what = f"{self.kind.what}; {self.window_text}; since {self.since:%Y-%m-%d %H:%M} UTC"
         return (
-            f"{icon} *{self.headline}* ({self.kind.what}; {self.window_text}; "
-            f"since {self.since:%Y-%m-%d %H:%M} UTC) <{self.url}|details>"
+            f"{icon} *{slack_escape(self.headline)}* ({slack_escape(what)}) "
+            f"<{slack_escape(self.url)}|details>"
         )
 
 
@@ -258,9 +268,10 @@ def email_render(notice: Notice) -> Email:
 
 # --- webhook ---------------------------------------------------------------------------------
 def webhook_body(notice: Notice) -> bytes:
-    """The JSON of docs/alerts.md, plus what a receiver needs to de-duplicate (``delivery``)
-    and to read the value (``unit``, ``event``, the window). Compact and key-sorted, so the
-    same notice is the same bytes on every attempt."""
+    """The JSON of docs/alerts.md, plus what a receiver needs to de-duplicate (``delivery``,
+    inside the signed body: a header is not signed) and to read the value (``unit``,
+    ``event``, the window). Compact and key-sorted, so the same notice is the same bytes on
+    every attempt."""
     unit = notice.kind.unit
     body = {
         "alert": notice.alert_id,
@@ -283,7 +294,10 @@ def webhook_body(notice: Notice) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def webhook_signature(body: bytes, secret: str) -> str:
-    """``sha256=<hex HMAC-SHA256 of the body>``: what the receiver recomputes and compares."""
-    digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return f"sha256={digest}"
+def webhook_signature(body: bytes, secret: str, *, timestamp_s: int) -> str:
+    """``t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`` (Stripe's layout): the time
+    is signed with the body, so a receiver that refuses old signatures cannot be fed a
+    recorded notice again later."""
+    signed = f"{timestamp_s}.".encode() + body
+    digest = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    return f"t={timestamp_s},v1={digest}"

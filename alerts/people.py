@@ -14,7 +14,10 @@ digest = false                  # default false: a domain rule mails nobody week
 
 Applied by ``fleet_apply`` through billing's section hook, like ``[[alerts]]``; the rows are
 exactly the file's. Resolution is a pure lookup: a listed user first, else the domain rule
-(when ``USER@DOMAIN`` is a valid address), else nobody.
+(when ``USER@DOMAIN`` passes ``recipient_error``), else nobody.
+
+``fleet.emails.recipient_error`` is the one rule for every address the product mails: a user
+name comes from a workload, which its user chooses.
 """
 
 from __future__ import annotations
@@ -22,11 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
-
 from alerts.models import Person
 from alerts.rules import Measurement, RuleConfig
+from fleet.emails import recipient_error
 from fleet.identifiers import identifier_error
 from fleet.services import ApplyResult, FleetFileError
 from telemetry.models import Workload
@@ -34,14 +35,6 @@ from telemetry.models import Workload
 KEYS_PERSON = ("user", "email", "digest")
 KEYS_DOMAIN = ("email_domain", "digest")
 MAX_PEOPLE = 100_000
-
-
-def _address_error(address: str) -> str | None:
-    try:
-        validate_email(address)
-    except ValidationError:
-        return f"not an email address: {address!r}"
-    return None
 
 
 def person_parse(row: dict[str, Any], *, where: str) -> Person:
@@ -59,7 +52,7 @@ def person_parse(row: dict[str, Any], *, where: str) -> Person:
         error = (
             "a domain such as example.com"
             if not isinstance(domain, str) or not domain or "@" in domain
-            else _address_error(f"user@{domain}")
+            else recipient_error(f"user@{domain}")
         )
         if error is not None:
             raise FleetFileError(f"{where}.email_domain: {error}")
@@ -71,7 +64,7 @@ def person_parse(row: dict[str, Any], *, where: str) -> Person:
     email = row.get("email")
     error = "required" if email is None else None
     if error is None:
-        error = "must be a string" if not isinstance(email, str) else _address_error(email)
+        error = "must be a string" if not isinstance(email, str) else recipient_error(email)
     if error is not None or not isinstance(email, str):
         raise FleetFileError(f"{where}.email: {error}")
     return Person(user=user, email=email, digest=digest)
@@ -118,16 +111,18 @@ class Directory:
     domain_digest: bool = False
 
     def email(self, user: str) -> str | None:
-        """The address a workload user is told at, or None."""
+        """The address a workload user is told at, or None: a listed user's, else
+        ``USER@DOMAIN`` of the domain rule; either only if it passes ``recipient_error``
+        (rows applied before the rule was as strict are checked again here)."""
         if not user:
             return None
         if user in self.listed:
-            return self.listed[user][0]
-        if self.domain:
+            address = self.listed[user][0]
+        elif self.domain:
             address = f"{user}@{self.domain}"
-            if _address_error(address) is None:
-                return address
-        return None
+        else:
+            return None
+        return address if recipient_error(address) is None else None
 
     def digest(self, user: str) -> bool:
         """Whether the user gets the weekly digest (and has an address to get it at)."""

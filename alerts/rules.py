@@ -92,11 +92,14 @@ class RuleConfig:
 @dataclass(frozen=True)
 class Measurement:
     """One subject's value: ``subject`` is ``gpu:UUID``, ``pool:NAME``, ``fleet``…; ``label``
-    is what a person reads (a GPU's ``host#index``)."""
+    is what a person reads (a GPU's ``host#index``). ``since``: when the measured condition
+    began, where the rule knows it (an offline GPU's last sample end); an alert opened on it
+    fires since then, else since the evaluation that found it."""
 
     subject: str
     label: str
     value: Decimal
+    since: dt.datetime | None = None
 
 
 MeasureFn = Callable[[RuleConfig, Window, dt.datetime], list[Measurement]]
@@ -221,7 +224,7 @@ def _gpu_throttled_share(rule: RuleConfig, window: Window, now: dt.datetime) -> 
 
 def _gpu_offline_minutes(rule: RuleConfig, window: Window, now: dt.datetime) -> list[Measurement]:
     return [
-        Measurement(g.subject, g.label, quantized(Decimal(g.silent_s) / 60))
+        Measurement(g.subject, g.label, quantized(Decimal(g.silent_s) / 60), g.silent_since)
         for g in figures.gpus_in_service(now=now, scope=rule.scope)
     ]
 

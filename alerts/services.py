@@ -42,6 +42,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from alerts import figures
+from alerts.egress import AddressRefused, webhook_opener
 from alerts.messages import (
     SIGNATURE_HEADER,
     email_render,
@@ -63,6 +64,7 @@ from alerts.models import (
 )
 from alerts.rules import RULE_KINDS, Measurement, RuleConfig, RuleKind, Scope, Window
 from alerts.targets import EMAIL, target_channel, targets_for
+from fleet.emails import recipient_error
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +179,7 @@ def _open(
             threshold=r.config.threshold,
             window_start=r.window.start,
             window_end=r.window.end,
-            firing_since=now,
+            firing_since=min(m.since or now, now),
             last_notified_at=now,
             notices=1,
             evaluated_at=now,
@@ -411,13 +413,19 @@ class SendFailed(Exception):
 
 
 def _email_send(delivery: Delivery) -> int | None:
+    address = delivery.target[len("mailto:") :]
+    # Checked when the rule was applied or the owner resolved; again here for rows written
+    # before the recipient rule was as strict.
+    error = recipient_error(address)
+    if error is not None:
+        raise SendFailed(f"refused: {error}", retryable=False)
     notice = notice_build(delivery)
     rendered = email_render(notice)
     message = EmailMultiAlternatives(
         subject=rendered.subject,
         body=rendered.text,
         from_email=settings.DEFAULT_FROM_EMAIL,
-        to=[delivery.target[len("mailto:") :]],
+        to=[address],
         headers={"X-Gpufleet-Alert": str(notice.alert_id)},
     )
     message.attach_alternative(rendered.html, "text/html")
@@ -437,14 +445,7 @@ def _email_send(delivery: Delivery) -> int | None:
     return None
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A webhook is posted to its URL only: a redirect is an answer, not a new address."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
+_OPENER = webhook_opener()
 
 
 def _webhook_send(delivery: Delivery) -> int | None:
@@ -462,8 +463,9 @@ def _webhook_send(delivery: Delivery) -> int | None:
         headers={
             "Content-Type": "application/json",
             "User-Agent": "gpufleet-alerts",
-            SIGNATURE_HEADER: webhook_signature(body, secret),
-            "X-Gpufleet-Delivery": str(delivery.pk),
+            # Signed at each attempt: its time is when it was sent, for the receiver's
+            # freshness check. A receiver de-duplicates on the body's ``delivery``.
+            SIGNATURE_HEADER: webhook_signature(body, secret, timestamp_s=int(time.time())),
             "X-Gpufleet-Event": delivery.event,
         },
     )
@@ -471,6 +473,8 @@ def _webhook_send(delivery: Delivery) -> int | None:
         with _OPENER.open(request, timeout=WEBHOOK_TIMEOUT_S) as response:
             response.read(65536)
             return int(response.status)
+    except AddressRefused as exc:  # the fleet file or DNS aims it at the server's own network
+        raise SendFailed(f"refused: {exc}", retryable=False) from None
     except urllib.error.HTTPError as exc:
         code = exc.code
         exc.close()

@@ -1,9 +1,10 @@
 """Where notices go: the ``notify`` entries of a rule.
 
-An entry is ``mailto:ADDRESS`` (one plain address) or an ``http://``/``https://`` URL (a
-webhook). Each is checked when the fleet file is applied and stored as written; a delivery
-copies its target from the rule, so nothing an evaluation reads (a GPU's name, a pool's) can
-add or change an address.
+An entry is ``mailto:ADDRESS`` (one plain address, ``fleet.emails.recipient_error``) or an
+``http://``/``https://`` URL (a webhook; a link-local, metadata, loopback or private address
+is refused as ``alerts.egress`` says). Each is checked when the fleet file is applied and
+stored as written; a delivery copies its target from the rule, so nothing an evaluation reads
+(a GPU's name, a pool's) can add or change an address.
 
 Symbolic entries (``owner``, for workload rules) are resolved per subject by a function
 registered in ``SYMBOLS``; a rule kind lists the symbols it accepts (``RuleKind.symbols``).
@@ -14,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
-
+from alerts.egress import host_error
 from alerts.rules import Measurement, RuleConfig
+from fleet.emails import recipient_error
 
 EMAIL = "email"
 WEBHOOK = "webhook"
@@ -43,15 +43,10 @@ def target_error(target: object) -> str | None:
     if any(c.isspace() or not c.isprintable() for c in target):
         return "no spaces or control characters"
     if target.startswith("mailto:"):
-        address = target[len("mailto:") :]
-        # One plain address: no second recipient, no ?cc= or ?body= of a mailto URL.
-        if any(c in address for c in ",;?&%<>\"'"):
-            return "mailto: takes one plain address"
-        try:
-            validate_email(address)
-        except ValidationError:
-            return f"not an email address: {address!r}"
-        return None
+        # One plain address (the product's one recipient rule): no second recipient, no
+        # ?cc= or ?body= of a mailto URL, nothing a mail server routes elsewhere.
+        error = recipient_error(target[len("mailto:") :])
+        return None if error is None else f"mailto: takes one plain address; {error}"
     try:
         parts = urlsplit(target)
         parts.port  # noqa: B018 - raises ValueError for a port out of range
@@ -63,7 +58,8 @@ def target_error(target: object) -> str | None:
         return "a webhook URL needs a host"
     if parts.fragment:
         return "a webhook URL has no #fragment"
-    return None
+    # An address literal is checked now; a name on what it resolves to, when sent.
+    return host_error(parts.hostname)
 
 
 def target_display(target: str) -> str:

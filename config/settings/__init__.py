@@ -337,6 +337,10 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Key of the HMAC-SHA256 signature on every alert webhook (X-Gpufleet-Signature); unset, no
 # webhook is sent (a receiver cannot tell an unsigned one from a forged one).
 ALERT_WEBHOOK_SECRET = env_str("ALERT_WEBHOOK_SECRET", "")
+# Webhooks to loopback and private addresses (127/8, ::1, 10/8, 172.16/12, 192.168/16,
+# fc00::/7): refused unless set, so a rule cannot aim the server at its own network.
+# Link-local and cloud metadata addresses are refused whatever this says (docs/alerts.md).
+ALERT_WEBHOOK_ALLOW_PRIVATE = env_bool("ALERT_WEBHOOK_ALLOW_PRIVATE", False)
 
 # --- Email ----------------------------------------------------------------------------------
 EMAIL_HOST = env_str("EMAIL_HOST", "")

@@ -10,6 +10,7 @@ import hmac
 import http.server
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,14 +153,29 @@ def seed_alerts() -> dict[str, Any]:
 class Received:
     headers: dict[str, str]
     body: bytes
+    at_s: float = field(default_factory=time.time)  # when it arrived (the tests' clock)
 
     def json(self) -> Any:
         return json.loads(self.body)
 
     @property
     def signature_ok(self) -> bool:
-        want = "sha256=" + hmac.new(SECRET.encode(), self.body, hashlib.sha256).hexdigest()
-        return hmac.compare_digest(self.headers.get("X-Gpufleet-Signature", ""), want)
+        """As docs/alerts.md's verifier: ``t=<unix>,v1=<hex>`` over ``<t>.<body>``, at most
+        five minutes old when it arrived."""
+        header = self.headers.get("X-Gpufleet-Signature", "")
+        return signature_verified(self.body, header, now_s=self.at_s)
+
+
+def signature_verified(
+    body: bytes, header: str, secret: str = SECRET, now_s: float | None = None
+) -> bool:
+    """The ten lines of docs/alerts.md, as a receiver would write them."""
+    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    t, v1 = fields.get("t", ""), fields.get("v1", "")
+    if not t.isdigit() or abs((time.time() if now_s is None else now_s) - int(t)) > 300:
+        return False
+    want = hmac.new(secret.encode(), t.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(want, v1)
 
 
 @dataclass
@@ -217,8 +233,10 @@ def _handler(receiver: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
 
 
 @pytest.fixture
-def receiver() -> Iterator[Callable[..., Receiver]]:
-    """``receiver("ok")`` → a started receiver on 127.0.0.1 (stopped afterwards)."""
+def receiver(settings: Any) -> Iterator[Callable[..., Receiver]]:
+    """``receiver("ok")`` → a started receiver on 127.0.0.1 (stopped afterwards). A loopback
+    target needs ALERT_WEBHOOK_ALLOW_PRIVATE, so these tests set it."""
+    settings.ALERT_WEBHOOK_ALLOW_PRIVATE = True
     made: list[Receiver] = []
 
     def make(behaviour: str, location: str = "") -> Receiver:

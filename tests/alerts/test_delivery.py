@@ -5,6 +5,8 @@ every attempt recorded; a real Celery worker in which a hanging receiver delays 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 import subprocess
 import uuid as uuidlib
 from decimal import Decimal
@@ -106,11 +108,18 @@ def test_a_webhook_carries_the_signed_json_of_the_design(
     held_rule(hook.url)
     evaluate(django_capture_on_commit_callbacks)
     (got,) = hook.received
-    assert got.signature_ok  # HMAC-SHA256 of the exact body with ALERT_WEBHOOK_SECRET
+    # t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>" with ALERT_WEBHOOK_SECRET>, t = when sent.
+    sent_s = int(NOW.timestamp())
+    signed = f"{sent_s}.".encode() + got.body
+    want = hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
+    assert got.headers["X-Gpufleet-Signature"] == f"t={sent_s},v1={want}"
+    assert got.signature_ok
     assert got.headers["Content-Type"] == "application/json"
     delivery = Delivery.objects.get()
-    assert got.headers["X-Gpufleet-Delivery"] == str(delivery.pk)
+    # The id to de-duplicate on is inside the signed body; no unsigned header offers one.
+    assert "X-Gpufleet-Delivery" not in got.headers
     body = got.json()
+    assert body["delivery"] == delivery.pk
     assert {
         "alert",
         "rule",
@@ -136,7 +145,8 @@ def test_a_webhook_carries_the_signed_json_of_the_design(
         == "https://gpufleet.example.com/gpus/GPU-example/?from=2026-03-01&to=2026-03-02"
     )
     assert body["text"].startswith(":rotating_light: *firing held-idle: gpu-07#0 at 6.0 h")
-    assert body["text"].endswith(f"<{body['url']}|details>")  # Slack's link syntax
+    # Slack's link syntax, its '&' escaped as Slack asks of its control characters.
+    assert body["text"].endswith(f"<{body['url'].replace('&', '&amp;')}|details>")
     assert (delivery.status, DeliveryAttempt.objects.get().status_code) == (SENT, 200)
 
 
@@ -343,6 +353,7 @@ def test_in_a_worker_a_hanging_receiver_delays_no_other(
         database_url=db_url_for_test(),
         redis_url=redis_url,
         ALERT_WEBHOOK_SECRET=SECRET,
+        ALERT_WEBHOOK_ALLOW_PRIVATE="1",  # the receivers are on 127.0.0.1
         SITE_URL="https://gpufleet.example.com",
     )
     log = tmp_path / "worker.log"

@@ -293,6 +293,40 @@ def test_two_evaluators_at_once_notify_once(
     ]
 
 
+def test_an_offline_gpus_alert_fires_since_its_last_sample_not_the_evaluation(
+    fleet: Any, eager: None, receiver: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    """A GPU whose last sample ended 20 days before the first evaluation: its alert fires
+    since that moment (the silence began then), in the row, the webhook and the email."""
+    hook = receiver("verify")
+    node = fleet.node("gpu-01", pool=fleet.pool("training"))
+    last = at("2026-02-10T06") + dt.timedelta(minutes=45)
+    fleet.gpu("GPU-gone", node=node, index=0, in_service_at=at("2026-01-01T00"), last_seen_at=last)
+    never = at("2026-03-02T09")  # in service since, never reported: silent since then
+    fleet.gpu("GPU-never", node=node, index=1, in_service_at=never)
+    rules_apply(
+        {
+            "name": "offline",
+            "rule": "gpu_offline_minutes",
+            "threshold": 30,
+            "notify": ["mailto:ops@example.com", hook.url],
+        }
+    )
+    now = at("2026-03-02T12") + dt.timedelta(minutes=5)
+    evaluate(now, django_capture_on_commit_callbacks)
+    since = dict(Alert.objects.values_list("subject", "firing_since"))
+    assert since == {"gpu:GPU-gone": last, "gpu:GPU-never": never}
+    gone = Alert.objects.get(subject="gpu:GPU-gone")
+    # 20 days 5 h 20 min of silence, in minutes.
+    assert gone.value == Decimal(20 * 1440 + 5 * 60 + 20)
+    bodies = {got.json()["subject"]: got.json() for got in hook.received}
+    assert bodies["gpu:GPU-gone"]["since"] == "2026-02-10T06:45:00Z"
+    assert any("since 2026-02-10 06:45 UTC" in m.body for m in mail.outbox)
+    # A later evaluation keeps it: the alert is the same episode.
+    evaluate(now + dt.timedelta(hours=1), django_capture_on_commit_callbacks)
+    assert Alert.objects.get(subject="gpu:GPU-gone").firing_since == last
+
+
 # --- the demo ----------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_the_demo_fleets_rules_fire_within_one_evaluation(

@@ -139,7 +139,10 @@ BAD = [
     ({"notify": ["javascript:alert(1)"]}, "alerts[1].notify[0]: expected mailto:"),
     ({"notify": ["mailto:a@example.com,b@evil.example"]}, "alerts[1].notify[0]: mailto: takes"),
     ({"notify": ["mailto:a@example.com?cc=b@evil.example"]}, "alerts[1].notify[0]: mailto:"),
-    ({"notify": ["mailto:not-an-address"]}, "alerts[1].notify[0]: not an email address"),
+    (
+        {"notify": ["mailto:not-an-address"]},
+        "alerts[1].notify[0]: mailto: takes one plain address; not an email address",
+    ),
     ({"notify": ["https://"]}, "alerts[1].notify[0]"),
     ({"notify": ["https://hooks.example.com/a b"]}, "alerts[1].notify[0]: no spaces"),
     ({"notify": ["https://hooks.example.com:99999/"]}, "alerts[1].notify[0]: not a valid URL"),

@@ -12,7 +12,7 @@ import time_machine
 from django.db import transaction
 
 from alerts import figures
-from alerts.models import Delivery, Person
+from alerts.models import Delivery, Person, Rule
 from alerts.people import people_directory, people_section_apply
 from alerts.rules import RULE_KINDS, RuleConfig, Scope
 from alerts.services import alerts_evaluate
@@ -180,3 +180,111 @@ def test_an_owner_nobody_can_be_mailed_at_gets_nothing_and_stops_nothing(
     with time_machine.travel(NOW, tick=False), django_capture_on_commit_callbacks(execute=True):
         alerts_evaluate()
     assert [e.rcpt_tos for e in smtp.envelopes] == [["hpc-team@example.com"]]
+
+
+# --- one recipient rule: a workload's user name must not choose where mail goes ---------------
+# Each is a valid address to Django's validate_email once the domain is added, and each makes
+# a mail server deliver elsewhere or to several: the percent hack and the bang path relay to
+# attacker.example; a quoted local part carries an '@' or a second address after a ','.
+HOSTILE_USERS = (
+    "evil%attacker.example",
+    "attacker.example!evil",
+    '"evil@attacker.example"',
+    '"evil@attacker.example,bob"',
+    "bob,evil",
+    "bob@attacker.example",
+)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("user", HOSTILE_USERS)
+def test_a_user_name_that_relays_gets_no_address_from_the_domain_rule(user: str) -> None:
+    people_apply({"email_domain": "example.org", "digest": True})
+    found = people_directory()
+    assert found.email("bob.smith-2_x") == "bob.smith-2_x@example.org"  # a plain one does
+    assert (found.email(user), found.digest(user)) == (None, False)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "email",
+    [
+        "evil%attacker.example@example.com",
+        "attacker.example!evil@example.com",
+        '"evil@attacker.example"@example.com',
+        '"a,b"@example.com',
+        "alice@example.com,evil@attacker.example",
+        "alice@[192.0.2.1]",
+    ],
+)
+def test_a_listed_address_follows_the_same_rule(email: str) -> None:
+    with pytest.raises(FleetFileError, match=r"^people\[0\]\.email: "):
+        people_apply({"user": "alice", "email": email})
+    assert not Person.objects.exists()
+    # A row stored before the rule was this strict is not mailed either.
+    Person.objects.create(user="alice", email=email, digest=True, position=0)
+    assert people_directory().email("alice") is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "target",
+    [
+        "mailto:evil%attacker.example@example.com",
+        "mailto:attacker.example!evil@example.com",
+        'mailto:"evil@attacker.example"@example.com',
+    ],
+)
+def test_a_mailto_target_follows_the_same_rule(target: str) -> None:
+    with pytest.raises(FleetFileError, match=r"alerts\[0\]\.notify\[0\]: mailto: takes one"):
+        rules_apply({"name": "x", "rule": "gpu_held_hours", "threshold": 4, "notify": [target]})
+
+
+@pytest.mark.parametrize("user", ["evil%attacker.example", '"evil@attacker.example,bob"'])
+def test_a_hostile_user_is_neither_told_as_owner_nor_sent_a_digest(
+    user: str, jobs: Any, eager: None, smtp: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    from alerts.digest import digest_users
+
+    jobs["alice"].user_name = user
+    jobs["alice"].save()
+    people_apply({"email_domain": "example.org", "digest": True})
+    rules_apply(
+        {
+            "name": "idle-jobs",
+            "rule": "workload_held_hours",
+            "threshold": 4,
+            "notify": ["owner", "mailto:hpc-team@example.com"],
+        }
+    )
+    with time_machine.travel(NOW, tick=False), django_capture_on_commit_callbacks(execute=True):
+        alerts_evaluate()
+    # Her job still fires (5.2 held hours); only the rule's own address is told.
+    assert [e.rcpt_tos for e in smtp.envelopes] == [["hpc-team@example.com"]]
+    # bob (plain) gets his digest through the domain rule; the hostile name none.
+    assert digest_users(week_start=dt.date(2026, 3, 2)) == [("bob", "bob@example.org")]
+
+
+def test_a_stored_notice_to_a_relaying_address_is_not_sent(
+    jobs: Any, eager: None, smtp: Any
+) -> None:
+    """A delivery row written before the rule was this strict fails at once, unsent."""
+    from alerts.services import delivery_attempt
+    from tests.alerts.conftest import open_alert
+
+    rules_apply({"name": "idle-jobs", "rule": "workload_held_hours", "threshold": 4})
+    alert = open_alert(Rule.objects.get(), f"workload:{jobs['alice'].pk}")
+    delivery = Delivery.objects.create(
+        alert=alert,
+        event="firing",
+        sequence=1,
+        channel="email",
+        target="mailto:evil%attacker.example@example.org",
+        threshold=alert.threshold,
+        created_at=alert.firing_since,
+        next_attempt_at=alert.firing_since,
+    )
+    assert delivery_attempt(delivery_id=delivery.pk).status == "failed"
+    delivery.refresh_from_db()
+    assert delivery.last_error.startswith("refused: only letters, digits")
+    assert smtp.envelopes == []

@@ -198,3 +198,17 @@ def test_the_rules_share_their_readings_and_windows_agree(
     assert near(values["half"], RATE * 12 + Decimal("0.213"))
     assert near(values["month"], Decimal("20.312105"))  # the worked example's total
     assert values["h0"] == Decimal(6)
+
+
+def test_docs_list_every_rule_kind_in_one_table() -> None:
+    """docs/alerts.md's rules table is one Markdown table: a blank line inside it would end
+    it and show the rows after it as text."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    doc = (Path(settings.BASE_DIR) / "docs" / "alerts.md").read_text()
+    start = doc.index("| rule | subjects |")
+    table = doc[start:].split("\n\n", 1)[0].splitlines()
+    listed = [line.split("|")[1].strip().strip("`") for line in table[2:]]
+    assert sorted(listed) == sorted(RULE_KINDS)
