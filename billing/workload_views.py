@@ -23,6 +23,7 @@ from billing.workloads import (
     UNASSIGNED,
     WorkloadFilters,
     WorkloadRow,
+    workload_conflicting_claims,
     workload_figures,
     workload_figures_by,
 )
@@ -204,8 +205,9 @@ def workloads(request: HttpRequest) -> HttpResponse:
 def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """Permission: fleet.view_dashboard (any role); money needs fleet.view_costs.
 
-    One workload over the range: its figures, the GPUs it held and its hours per day."""
-    workload = get_object_or_404(Workload.objects.select_related("site"), pk=pk)
+    One workload over the range: its figures, the GPUs it held and its hours per day, and
+    the names other nodes claimed for it (docs/ingest.md, "Whose names count")."""
+    workload = get_object_or_404(Workload.objects.select_related("site", "identity_node"), pk=pk)
     flt = dashboard_filters(request.GET)
     show_money = _can_view_costs(request)
     only = WorkloadFilters(workloads=(workload.pk,))
@@ -241,6 +243,7 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "workloads",
             dates_only=True,
             workload=workload,
+            conflicting_claims=workload_conflicting_claims(workload_id=workload.pk),
             row=row,
             team=row.team if row is not None else "",
             cards=cards,

@@ -44,6 +44,7 @@ from billing.models import CostProfile, WorkloadTeamRule
 from fleet.models import FleetSettings, Gpu, Site, Team
 from telemetry.models import (
     Workload,
+    WorkloadClaim,
     WorkloadDailyState,
     WorkloadDailyUsage,
     WorkloadHourlyUsage,
@@ -999,4 +1000,16 @@ def _row(
         day=key if group_by == "day" else None,
         gpu_uuid=pricing[key].uuid if group_by == "gpu" and key in pricing else None,
         gpu_label=pricing[key].label if group_by == "gpu" and key in pricing else None,
+    )
+
+
+# --- whose names count ------------------------------------------------------------------------
+def workload_conflicting_claims(*, workload_id: int) -> list[WorkloadClaim]:
+    """What nodes other than the workload's identity node said its user, account or name was,
+    where that differs from what it holds (docs/ingest.md, "Whose names count"): latest first,
+    each with its node."""
+    return list(
+        WorkloadClaim.objects.filter(workload_id=workload_id)
+        .select_related("node")
+        .order_by("-last_seen_at", "field", "value")
     )

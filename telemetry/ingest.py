@@ -2,11 +2,12 @@
 
 :func:`sample_batch_ingest` decodes the push (``telemetry.wire``), reads the GPUs it mentions,
 registers the node's new GPUs and refreshes what changed of its own, validates each sample
-against that (:func:`samples_validate`, pure) and stores the valid rows together with the
-node's metadata (``telemetry.ingest_store.push_store``). Nothing is cached between pushes: the
-write itself checks, in its transaction, that the node still owns each GPU and that the token
-is still live, so a GPU moved by ``fleet_apply`` or the admin is refused at once, on every
-database.
+against that (:func:`samples_validate`, pure), registers the workloads that the samples not
+stored yet name (:func:`workloads_attach`: whose names count, the hourly cap) and stores the
+valid rows together with the node's metadata (``telemetry.ingest_store.push_store``).
+Nothing is cached between pushes: the write itself checks, in its transaction, that the node
+still owns each GPU and that the token is still live, so a GPU moved by ``fleet_apply`` or the
+admin is refused at once, on every database.
 """
 
 from __future__ import annotations
@@ -369,6 +370,8 @@ def _workloads_error(workloads: list[WorkloadIn], seconds: int) -> tuple[str, st
             ("account", w.account),
             ("name", w.name),
         ):
+            if value is None:  # an optional name not sent (its length was checked in decoding)
+                continue
             error = text_error(value, max_length=WORKLOAD_TEXT_MAX)
             if error is None and name == "id" and value != value.strip():
                 error = "must not begin or end with whitespace"
@@ -397,26 +400,63 @@ def workloads_attach(
     node_id: int,
     token_id: int | None,
     now: dt.datetime,
+    max_new_per_hour: int | None = None,
 ) -> None:
-    """Register the workloads of the valid rows and put their ids, shares and air seconds
-    into those rows (in place)."""
+    """Register the workloads of the valid rows whose samples are new and put their ids,
+    shares and air seconds into those rows (in place).
+
+    Only a sample that will be stored registers or renames workloads (docs/ingest.md): the
+    store skips one whose (gpu, start) is stored already, and a repeat of a key earlier in
+    the same push (the first is stored), so neither names anything here. Raises
+    ``ingest_store.WorkloadCapExceeded`` and ``ingest_store.TokenRevoked``; both write
+    nothing."""
     if not workloads:
         return
-    named: dict[tuple[str, str], tuple[str, str, str]] = {
-        (w.kind, w.id): (w.user, w.account, w.name) for _, ws in workloads for w in ws
-    }
+    first: dict[tuple[int, dt.datetime], int] = {}
+    for position, row in enumerate(rows):
+        first.setdefault((row[0], row[1]), position)
+    claims: list[ingest_store.Claim] = [
+        (row[0], row[1], w.kind, w.id, w.user or "", w.account or "", w.name or "")
+        for position, ws in workloads
+        if first[((row := rows[position])[0], row[1])] == position
+        for w in ws
+    ]
     ids = ingest_store.workloads_register(
-        node_id=node_id, workloads=named, token_id=token_id, now=now
+        node_id=node_id,
+        claims=claims,
+        token_id=token_id,
+        now=now,
+        max_new_per_hour=max_new_per_hour,
     )
     for position, ws in workloads:
         row = rows[position]
-        known = [w for w in ws if (w.kind, w.id) in ids]  # none only when the token is revoked
+        # A duplicate's workloads have no ids: the row is not stored anyway.
+        known = [w for w in ws if (w.kind, w.id) in ids]
         arrays = (
             [ids[(w.kind, w.id)] for w in known],
             [w.share_s for w in known],
             [w.air_s for w in known],
         )
         rows[position] = (*row[: _ARRAYS.start], *arrays, row[-1])
+
+
+def _cap_error(exc: ingest_store.WorkloadCapExceeded, now: dt.datetime) -> IngestError:
+    """The answer to a push whose new workloads do not fit its node's hourly cap: 413 when
+    they would not fit even in an empty hour (the agent halves the batch; one sample names at
+    most 32, and the cap is at least that), else 429 until the next UTC hour."""
+    setting = f"INGEST_MAX_NEW_WORKLOADS_PER_HOUR ({exc.cap})"
+    if exc.new > exc.cap:
+        return IngestError(
+            413, "workloads", f"{exc.new} new workloads in one push, more than {setting}"
+        )
+    retry_after_s = 3600 - int(now.timestamp()) % 3600
+    return IngestError(
+        429,
+        "workloads",
+        f"{exc.new} new workloads; this node registered {exc.used} this hour, and "
+        f"{setting} allows no more: retry after the hour",
+        retry_after_s=retry_after_s,
+    )
 
 
 # --- the service -------------------------------------------------------------------------------
@@ -438,6 +478,7 @@ def sample_batch_ingest(
     now: dt.datetime,
     token_id: int | None = None,
     counters: dict[str, int] | None = None,
+    max_new_workloads_per_hour: int | None = None,
 ) -> IngestResult:
     """Validate one push of node ``node_id`` and store its valid samples; duplicates change
     nothing.
@@ -445,9 +486,12 @@ def sample_batch_ingest(
     ``token_id`` is the node token the push came with, checked live by every write (None: a
     caller that needs none, such as the demo's history); a revoked one raises
     ``ingest_store.TokenRevoked`` and nothing is written. Raises :class:`IngestError` for a
-    push refused as a whole. Database errors propagate (the API answers 503, the agent retries
-    the push later). The sample counters (``config.metrics``) are incremented here, or added
-    to ``counters`` when given, for the caller to send with its own in one round trip.
+    push refused as a whole, among them a push whose new workloads pass
+    ``max_new_workloads_per_hour`` for its node (None: no cap; the API passes
+    ``INGEST_MAX_NEW_WORKLOADS_PER_HOUR``). Database errors propagate (the API answers 503,
+    the agent retries the push later). The sample counters (``config.metrics``) are
+    incremented here, or added to ``counters`` when given, for the caller to send with its
+    own in one round trip.
     """
     push, typed = push_decode(payload_bytes)
     samples = samples_decode(push, typed)
@@ -462,7 +506,17 @@ def sample_batch_ingest(
     rows, indices, rejected, workloads = samples_validate(
         samples=samples, gpus=gpus, node_id=node_id, now=now, unregistered=unregistered
     )
-    workloads_attach(rows=rows, workloads=workloads, node_id=node_id, token_id=token_id, now=now)
+    try:
+        workloads_attach(
+            rows=rows,
+            workloads=workloads,
+            node_id=node_id,
+            token_id=token_id,
+            now=now,
+            max_new_per_hour=max_new_workloads_per_hour,
+        )
+    except ingest_store.WorkloadCapExceeded as exc:
+        raise _cap_error(exc, now) from None
     stored = ingest_store.push_store(
         rows=rows, node=_node_update(node_id, push.node), token_id=token_id, now=now
     )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,7 @@ from django.db.models import DateTimeField, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 
 from fleet.models import Gpu
+from telemetry.models import WORKLOAD_CLAIM_FIELDS, Workload
 from telemetry.pending import MARK_CONFLICT, MARK_INSERT, hours_mark
 
 COLUMNS = (
@@ -199,115 +200,324 @@ def token_live(token_id: int) -> bool:
 
 
 # --- workloads ----------------------------------------------------------------------------------
+# What ingest hands over for a push's workloads: one claim per workload per valid sample, in push
+# order: (gpu_id, start, kind, id, user, account, name), a name "" where the agent sent none.
+Claim = tuple[int, dt.datetime, str, str, str, str, str]
+# A claim's last seen needs no finer resolution (as a GPU's): a node that keeps claiming another
+# name for a workload would otherwise rewrite its claim row on every push.
+CLAIM_SEEN_RESOLUTION = dt.timedelta(minutes=5)
+# PostgreSQL registers a push's workloads in one statement; off, it takes the generic path of
+# SQLite (tests run both against the same expectations).
+WORKLOADS_ONE_STATEMENT = True
+# Keys per statement of the generic path (SQLite binds at most 32,766 parameters).
+_KEYS_PER_STATEMENT = 500
+
+
+class WorkloadCapExceeded(Exception):
+    """The push's new workloads do not fit in its node's hourly cap: nothing was written."""
+
+    def __init__(self, *, used: int, new: int, cap: int) -> None:
+        super().__init__(f"{new} new workloads; {used} of {cap} registered this hour")
+        self.used, self.new, self.cap = used, new, cap
+
+
 # A workload is identified by (the site of the reporting node, kind, id): the node's own site,
 # else its pool's; no site is site 0 in the identity (telemetry.models.Workload).
 _NODE_SITE = (
     "(SELECT COALESCE(n.site_id, p.site_id) FROM fleet_node AS n"
-    " LEFT JOIN fleet_pool AS p ON p.id = n.pool_id WHERE n.id = %s)"
+    " LEFT JOIN fleet_pool AS p ON p.id = n.pool_id WHERE n.id = {node})"
 )
-# Register the push's workloads (only while its token is live) and bring the names the agent
-# reported up to date (an empty one leaves the stored one). Both dialects: VALUES columns are
-# column1… in PostgreSQL and SQLite alike; SQLite needs the WHERE before ON CONFLICT anyway.
-_WORKLOADS_UPSERT = """INSERT INTO telemetry_workload
-    (site_id, kind, key, user_name, account, name, created_at)
-SELECT {site}, v.column1, v.column2, v.column3, v.column4, v.column5, %s
-FROM (VALUES {values}) AS v
-WHERE %s IS NULL OR EXISTS ({token})
-ON CONFLICT ((COALESCE(site_id, 0)), kind, key) DO UPDATE SET
-    user_name = COALESCE(NULLIF(excluded.user_name, ''), telemetry_workload.user_name),
-    account = COALESCE(NULLIF(excluded.account, ''), telemetry_workload.account),
-    name = COALESCE(NULLIF(excluded.name, ''), telemetry_workload.name)
-WHERE (excluded.user_name <> '' AND excluded.user_name <> telemetry_workload.user_name)
-   OR (excluded.account <> '' AND excluded.account <> telemetry_workload.account)
-   OR (excluded.name <> '' AND excluded.name <> telemetry_workload.name)"""
-_WORKLOADS_IDS = """SELECT id, kind, key FROM telemetry_workload
-WHERE COALESCE(site_id, 0) = COALESCE({site}, 0) AND (kind, key) IN (VALUES {values})"""
+_CLAIM_INSERT = """INSERT INTO telemetry_workloadclaim
+    (workload_id, node_id, field, value, first_seen_at, last_seen_at)"""
+# A claim seen before is only touched when its last seen is older than the resolution ({due}).
+_CLAIM_UPSERT = """ON CONFLICT (workload_id, node_id, field, value) DO UPDATE
+    SET last_seen_at = excluded.last_seen_at
+    WHERE telemetry_workloadclaim.last_seen_at <= {due}"""
+# Counts a capped push's new workloads in its node's current hour and forgets the node's past
+# hours, so the table keeps a row or two per node.
+_REGISTRATIONS_ADD = """INSERT INTO telemetry_workloadregistrations (node_id, hour, registered)
+    {rows}
+    ON CONFLICT (node_id, hour) DO UPDATE
+    SET registered = telemetry_workloadregistrations.registered + excluded.registered"""
+_REGISTRATIONS_PRUNE = (
+    "DELETE FROM telemetry_workloadregistrations WHERE node_id = {node} AND hour < {hour}"
+)
 
-
-# PostgreSQL: the same in one prepared statement of constant text (the workloads travel as one
-# JSON parameter): rows that exist are read, new ones inserted, changed names updated. Within
-# one statement the INSERT's rows are not visible to a SELECT, so the ids come from both.
+# PostgreSQL: the rest in one prepared statement of constant text (the workloads travel as one
+# JSON parameter), so a push's workloads cost one round trip after the probe of which samples
+# are stored already (:func:`_claims_fresh`):
+# - ``ok``: the token is live, and the new workloads fit in the node's hourly cap (``cap``
+#   NULL: no cap); otherwise nothing is written and the first row says why;
+# - ``added``: new workloads, owned by this node; ``renamed``: a workload this node owns (or
+#   one registered before workloads had owners, which it adopts) takes its non-empty names;
+# - ``claims``: another node's names that differ are kept beside them.
+# Within one statement the INSERT's rows are not visible to a SELECT, so the ids come from
+# ``existing`` and ``added``; a workload another push registered after this statement's
+# snapshot comes back without an id and goes through the generic path.
 _WORKLOADS_ONE_STATEMENT = f"""
 WITH wanted AS (
-    SELECT * FROM json_to_recordset(%s::json)
+    SELECT * FROM json_to_recordset(%(workloads)s::json)
         AS r(kind text, key text, user_name text, account text, name text)
 ), site AS (
-    SELECT COALESCE({_NODE_SITE}, 0) AS id
-), live AS (
-    SELECT %s::int8 IS NULL OR EXISTS ({_TOKEN_LIVE}) AS ok
+    SELECT COALESCE({_NODE_SITE.format(node="%(node)s::int8")}, 0) AS id
 ), existing AS (
-    SELECT w.id, w.kind, w.key, w.user_name, w.account, w.name
+    SELECT w.id, w.kind, w.key, w.identity_node_id AS owner, w.user_name, w.account, w.name
     FROM telemetry_workload AS w JOIN wanted AS x ON w.kind = x.kind AND w.key = x.key
     WHERE COALESCE(w.site_id, 0) = (SELECT id FROM site)
+), new AS (
+    SELECT x.* FROM wanted AS x
+    WHERE NOT EXISTS (SELECT 1 FROM existing AS e WHERE e.kind = x.kind AND e.key = x.key)
+), used AS (
+    SELECT COALESCE((SELECT registered FROM telemetry_workloadregistrations
+                     WHERE node_id = %(node)s::int8 AND hour = %(hour)s::timestamptz), 0) AS n
+), ok AS (
+    SELECT (%(token)s::int8 IS NULL OR EXISTS (
+                SELECT 1 FROM fleet_nodetoken WHERE id = %(token)s::int8 AND revoked_at IS NULL
+            )) AS token,
+           (%(cap)s::int4 IS NULL
+            OR (SELECT n FROM used) + (SELECT count(*) FROM new) <= %(cap)s::int4) AS room
+), go AS (
+    SELECT token AND room AS go FROM ok
 ), added AS (
-    INSERT INTO telemetry_workload (site_id, kind, key, user_name, account, name, created_at)
+    INSERT INTO telemetry_workload
+        (site_id, kind, key, user_name, account, name, identity_node_id, created_at)
     SELECT NULLIF((SELECT id FROM site), 0), x.kind, x.key, x.user_name, x.account, x.name,
-           %s::timestamptz
-    FROM wanted AS x
-    WHERE (SELECT ok FROM live)
-      AND NOT EXISTS (SELECT 1 FROM existing AS e WHERE e.kind = x.kind AND e.key = x.key)
+           %(node)s::int8, %(now)s::timestamptz
+    FROM new AS x
+    WHERE (SELECT go FROM go)
     ON CONFLICT ((COALESCE(site_id, 0)), kind, key) DO NOTHING
     RETURNING id, kind, key
+), counted AS (
+    {
+    _REGISTRATIONS_ADD.format(
+        rows='''SELECT %(node)s::int8, %(hour)s::timestamptz, count(*)
+    FROM added WHERE %(cap)s::int4 IS NOT NULL HAVING count(*) > 0'''
+    )
+}
+), pruned AS (
+    {_REGISTRATIONS_PRUNE.format(node="%(node)s::int8", hour="%(hour)s::timestamptz")}
+    AND %(cap)s::int4 IS NOT NULL AND EXISTS (SELECT 1 FROM added)
 ), renamed AS (
     UPDATE telemetry_workload AS w SET
         user_name = COALESCE(NULLIF(x.user_name, ''), w.user_name),
         account = COALESCE(NULLIF(x.account, ''), w.account),
-        name = COALESCE(NULLIF(x.name, ''), w.name)
+        name = COALESCE(NULLIF(x.name, ''), w.name),
+        identity_node_id = %(node)s::int8
     FROM existing AS e JOIN wanted AS x ON e.kind = x.kind AND e.key = x.key
-    WHERE w.id = e.id AND (SELECT ok FROM live)
-      AND ((x.user_name <> '' AND x.user_name <> e.user_name)
-           OR (x.account <> '' AND x.account <> e.account)
-           OR (x.name <> '' AND x.name <> e.name))
+    WHERE w.id = e.id AND (SELECT go FROM go)
+      AND (e.owner IS NULL
+           OR (e.owner = %(node)s::int8
+               AND ((x.user_name <> '' AND x.user_name <> e.user_name)
+                    OR (x.account <> '' AND x.account <> e.account)
+                    OR (x.name <> '' AND x.name <> e.name))))
+), claims AS (
+    {_CLAIM_INSERT}
+    SELECT e.id, %(node)s::int8, f.field, f.claimed, %(now)s::timestamptz, %(now)s::timestamptz
+    FROM existing AS e JOIN wanted AS x ON e.kind = x.kind AND e.key = x.key
+    CROSS JOIN LATERAL (VALUES ('user', x.user_name, e.user_name),
+                               ('account', x.account, e.account),
+                               ('name', x.name, e.name)) AS f(field, claimed, stored)
+    WHERE (SELECT go FROM go) AND e.owner <> %(node)s::int8
+      AND f.claimed <> '' AND f.claimed <> f.stored
+    {_CLAIM_UPSERT.format(due="%(due)s::timestamptz")}
 )
-SELECT id, kind, key FROM existing UNION ALL SELECT id, kind, key FROM added
+SELECT ok.token, ok.room, (SELECT n FROM used), (SELECT count(*) FROM new), r.kind, r.key, r.id
+FROM ok LEFT JOIN (
+    SELECT x.kind, x.key, COALESCE(e.id, a.id) AS id
+    FROM wanted AS x
+    LEFT JOIN existing AS e ON e.kind = x.kind AND e.key = x.key
+    LEFT JOIN added AS a ON a.kind = x.kind AND a.key = x.key
+) AS r ON (SELECT go FROM go)
 """  # noqa: S608 - constants of this module
 
 
 def workloads_register(
     *,
     node_id: int,
-    workloads: Mapping[tuple[str, str], tuple[str, str, str]],
+    claims: Sequence[Claim],
     token_id: int | None,
     now: dt.datetime,
+    max_new_per_hour: int | None = None,
 ) -> dict[tuple[str, str], int]:
-    """The ids of the workloads a push of node ``node_id`` names ((kind, id) → (user,
-    account, name)), registering the new ones (only while token ``token_id`` is live)."""
-    if not workloads:
+    """The ids of the workloads named by those of ``claims`` (the valid samples of a push of
+    node ``node_id``) whose samples are not stored yet, registering new ones, taking this
+    node's names where it owns the workload and recording them as claims where it does not
+    (docs/ingest.md, "Whose names count"). A sample stored already names nothing.
+
+    ``max_new_per_hour``: at most this many new workloads per node and UTC hour (None: no
+    cap). Raises :class:`WorkloadCapExceeded` when the push's new ones do not fit, and
+    :class:`TokenRevoked` when token ``token_id`` is not live; both write nothing.
+    """
+    if not claims:
         return {}
-    keys = sorted(workloads)
-    if connection.vendor == "postgresql":
-        records = [
-            dict(
-                zip(
-                    ("kind", "key", "user_name", "account", "name"),
-                    (*k, *workloads[k]),
-                    strict=True,
-                )
+    wanted: dict[tuple[str, str], tuple[str, str, str]] = {}
+    for c in _claims_fresh(claims):
+        wanted[(c[2], c[3])] = c[4:]  # the last sample of the push names it
+    if not wanted:
+        return {}
+    if connection.vendor != "postgresql" or not WORKLOADS_ONE_STATEMENT:
+        return _register_generic(node_id, wanted, token_id, now, max_new_per_hour)
+    records = [
+        {"kind": k[0], "key": k[1], "user_name": u, "account": a, "name": n}
+        for k, (u, a, n) in wanted.items()
+    ]
+    params = {
+        "workloads": msgspec.json.encode(records).decode(),
+        "node": node_id,
+        "token": token_id,
+        "cap": max_new_per_hour,
+        "hour": _hour(now),
+        "now": now,
+        "due": now - CLAIM_SEEN_RESOLUTION,
+    }
+    with prepared_cursor() as cursor:
+        cursor.execute(_WORKLOADS_ONE_STATEMENT, params)
+        rows = cursor.fetchall()
+    token_ok, room, used, new = rows[0][:4]
+    if not token_ok:
+        raise TokenRevoked("the node token was revoked")
+    if not room:
+        raise WorkloadCapExceeded(used=int(used), new=int(new), cap=int(max_new_per_hour or 0))
+    ids = {(kind, key): pk for *_, kind, key, pk in rows if pk is not None}
+    late = {(kind, key): wanted[(kind, key)] for *_, kind, key, pk in rows if kind and pk is None}
+    if late:
+        # Registered by another push after this statement's snapshot was taken: the generic
+        # path sees their rows now (and records this node's names as it would have).
+        ids |= _register_generic(node_id, late, token_id, now, max_new_per_hour)
+    return ids
+
+
+def _register_generic(
+    node_id: int,
+    wanted: dict[tuple[str, str], tuple[str, str, str]],
+    token_id: int | None,
+    now: dt.datetime,
+    cap: int | None,
+) -> dict[tuple[str, str], int]:
+    """:func:`workloads_register` for ``wanted`` ((kind, id) → (user, account, name) of the
+    new samples) in plain statements, one transaction (SQLite: IMMEDIATE, so no other writer
+    runs between the cap's count and the insert)."""
+    hour = _hour(now)
+    adapt = connection.ops.adapt_datetimefield_value
+    with transaction.atomic(), connection.cursor() as cursor:
+        if token_id is not None and not token_live(token_id):
+            raise TokenRevoked("the node token was revoked")
+        cursor.execute(f"SELECT COALESCE({_NODE_SITE.format(node='%s')}, 0)", [node_id])
+        site_id = int(cursor.fetchone()[0])
+        existing = _workloads_read(cursor, site_id, list(wanted))
+        new = [k for k in wanted if k not in existing]
+        if cap is not None and new:
+            cursor.execute(
+                "SELECT registered FROM telemetry_workloadregistrations"
+                " WHERE node_id = %s AND hour = %s",
+                [node_id, adapt(hour)],
             )
-            for k in keys
-        ]
-        params = [msgspec.json.encode(records).decode(), node_id, token_id, token_id, now]
-        with prepared_cursor() as cursor:
-            cursor.execute(_WORKLOADS_ONE_STATEMENT, params)
-            ids = {(kind, key): pk for pk, kind, key in cursor.fetchall()}
-        if len(ids) == len(keys) or (token_id is not None and not token_live(token_id)):
-            return ids
-        # Another push registered one of them after this statement's snapshot was taken:
-        # the plain lookup below sees its row now.
-    five = ", ".join(["(%s, %s, %s, %s, %s)"] * len(keys))
-    two = ", ".join(["(%s, %s)"] * len(keys))
-    upsert = _WORKLOADS_UPSERT.format(site=_NODE_SITE, values=five, token=_TOKEN_LIVE)
-    params2: list[Any] = [node_id, connection.ops.adapt_datetimefield_value(now)]
-    for kind, key in keys:
-        params2 += [kind, key, *workloads[(kind, key)]]
-    params2 += [token_id, token_id]
+            row = cursor.fetchone()
+            used = int(row[0]) if row else 0
+            if used + len(new) > cap:
+                raise WorkloadCapExceeded(used=used, new=len(new), cap=cap)
+        if new:
+            Workload.objects.bulk_create(
+                [
+                    Workload(
+                        site_id=site_id or None,
+                        kind=kind,
+                        key=key,
+                        user_name=wanted[(kind, key)][0],
+                        account=wanted[(kind, key)][1],
+                        name=wanted[(kind, key)][2],
+                        identity_node_id=node_id,
+                        created_at=now,
+                    )
+                    for kind, key in new
+                ],
+                ignore_conflicts=True,
+                batch_size=_KEYS_PER_STATEMENT,
+            )
+            if cap is not None:
+                cursor.execute(
+                    _REGISTRATIONS_ADD.format(rows="VALUES (%s, %s, %s)"),
+                    [node_id, adapt(hour), len(new)],
+                )
+                cursor.execute(
+                    _REGISTRATIONS_PRUNE.format(node="%s", hour="%s"), [node_id, adapt(hour)]
+                )
+        claimed: list[tuple[Any, ...]] = []
+        for key, (pk, owner, *stored) in existing.items():
+            names = wanted[key]
+            if owner is None or owner == node_id:
+                if owner is None or any(n and n != s for n, s in zip(names, stored, strict=True)):
+                    # One UPDATE per workload whose names change: rare (a job is named once).
+                    Workload.objects.filter(pk=pk).update(
+                        user_name=names[0] or stored[0],
+                        account=names[1] or stored[1],
+                        name=names[2] or stored[2],
+                        identity_node_id=node_id,
+                    )
+                continue
+            for field_name, n, s in zip(WORKLOAD_CLAIM_FIELDS, names, stored, strict=True):
+                if n and n != s:
+                    claimed.append((pk, node_id, field_name, n, adapt(now), adapt(now)))
+        for at in range(0, len(claimed), _KEYS_PER_STATEMENT):
+            chunk = claimed[at : at + _KEYS_PER_STATEMENT]
+            values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(chunk))
+            cursor.execute(
+                f"{_CLAIM_INSERT} VALUES {values} {_CLAIM_UPSERT.format(due='%s')}",
+                [*(v for claim in chunk for v in claim), adapt(now - CLAIM_SEEN_RESOLUTION)],
+            )
+        ids = {key: row[0] for key, row in existing.items()}
+        if new:
+            ids |= {k: row[0] for k, row in _workloads_read(cursor, site_id, new).items()}
+        return ids
+
+
+def _claims_fresh(claims: Sequence[Claim]) -> list[Claim]:
+    """The claims whose sample (gpu_id, start) is not stored yet, in their order.
+
+    A plain statement with its values inlined (Django binds client-side): the planner then
+    reads only the partitions of those starts, through the (gpu_id, start) key. Prepared, a
+    generic plan would open and lock every partition of the table on each push."""
+    adapt = connection.ops.adapt_datetimefield_value
+    # As the column hands it back: SQLite's driver gives naive UTC text or a parsed naive
+    # datetime (whose str() is that text); PostgreSQL an aware datetime.
+    norm: Callable[[Any], Any] = str if connection.vendor == "sqlite" else (lambda v: v)
+    gpu_ids = sorted({c[0] for c in claims})
+    starts = list(dict.fromkeys(adapt(c[1]) for c in claims))
+    stored: set[tuple[int, Any]] = set()
     with connection.cursor() as cursor:
-        cursor.execute(upsert, params2)
+        for at in range(0, len(starts), _KEYS_PER_STATEMENT):
+            chunk = starts[at : at + _KEYS_PER_STATEMENT]
+            gpus = ", ".join(["%s"] * len(gpu_ids))
+            times = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                # Every (GPU, start) pair of the two lists: a few more than the claims name.
+                f"{_SAMPLE_KEYS} WHERE gpu_id IN ({gpus}) AND start IN ({times})",
+                [*gpu_ids, *chunk],
+            )
+            stored.update((gpu_id, norm(start)) for gpu_id, start in cursor.fetchall())
+    return [c for c in claims if (c[0], norm(adapt(c[1]))) not in stored]
+
+
+_SAMPLE_KEYS = "SELECT gpu_id, start FROM telemetry_sample"
+_WORKLOADS_READ = """SELECT id, kind, key, identity_node_id, user_name, account, name
+    FROM telemetry_workload WHERE COALESCE(site_id, 0) = %s"""
+
+
+def _workloads_read(
+    cursor: Any, site_id: int, keys: list[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[Any, ...]]:
+    """(kind, id) → (id, identity node, user, account, name) of the site's workloads."""
+    out: dict[tuple[str, str], tuple[Any, ...]] = {}
+    for at in range(0, len(keys), _KEYS_PER_STATEMENT):
+        chunk = keys[at : at + _KEYS_PER_STATEMENT]
+        values = ", ".join(["(%s, %s)"] * len(chunk))
         cursor.execute(
-            _WORKLOADS_IDS.format(site=_NODE_SITE, values=two),
-            [node_id, *[part for pair in keys for part in pair]],
+            f"{_WORKLOADS_READ} AND (kind, key) IN (VALUES {values})",
+            [site_id, *[part for key in chunk for part in key]],
         )
-        return {(kind, key): pk for pk, kind, key in cursor.fetchall()}
+        for pk, kind, key, owner, user, account, name in cursor.fetchall():
+            out[(kind, key)] = (pk, owner, user, account, name)
+    return out
 
 
 # --- PostgreSQL, a small batch: one statement ---------------------------------------------------

@@ -278,8 +278,10 @@ class Workload(models.Model):
     """What held GPUs (docs/metrics.md, "Workloads"): a Slurm job, a Kubernetes pod, a
     container or, where no scheduler is involved, a Unix user. One row per (site of the
     reporting node, kind, id): the same job id at two sites is two workloads. ``user``,
-    ``account`` and ``name`` are the latest the agents reported; first and last seen come from
-    its samples (kept by the rollup)."""
+    ``account`` and ``name`` are the latest non-empty ones that ``identity_node`` (the first
+    node to report the workload) sent; what other nodes claim instead is kept beside it in
+    :class:`WorkloadClaim` (docs/ingest.md, "Whose names count"). First and last seen come
+    from its samples (kept by the rollup)."""
 
     site = models.ForeignKey(Site, null=True, on_delete=models.PROTECT, related_name="+")
     kind = models.CharField(max_length=10, choices=[(k, k) for k in WORKLOAD_KINDS])
@@ -287,6 +289,16 @@ class Workload(models.Model):
     user_name = models.CharField(max_length=200, blank=True)
     account = models.CharField(max_length=200, blank=True)
     name = models.CharField(max_length=200, blank=True)
+    # Null only for a workload registered before identities had an owner and never seen in a
+    # rollup since (migration 0111): the next node to report it adopts it.
+    identity_node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The node whose reports set user, account and name: the first to report it",
+    )
     first_seen_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
@@ -301,6 +313,54 @@ class Workload(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.key}"
+
+
+WORKLOAD_CLAIM_FIELDS = ("user", "account", "name")
+
+
+class WorkloadClaim(models.Model):
+    """One value that a node other than the workload's ``identity_node`` sent for one of its
+    names (``field``: user, account or name) where it differs from the stored one: kept
+    beside the identity, never over it, and shown on the workload's page. One row per
+    (workload, node, field, value), with when the node first and last sent it (last seen to
+    ``telemetry.ingest_store.CLAIM_SEEN_RESOLUTION``)."""
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="claims")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    field = models.CharField(max_length=10, choices=[(f, f) for f in WORKLOAD_CLAIM_FIELDS])
+    value = models.CharField(max_length=200)
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workload", "node", "field", "value"], name="telemetry_workload_claim"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"workload {self.workload_id}: node {self.node_id} says {self.field}={self.value}"
+
+
+class WorkloadRegistrations(models.Model):
+    """How many new workloads one node's pushes registered in one UTC hour: what the hourly
+    cap ``INGEST_MAX_NEW_WORKLOADS_PER_HOUR`` is checked against (docs/ingest.md). Only
+    capped pushes (the ingest API) count, so the demo's history, written through the service
+    in minutes, leaves its live agents their hour. Ingest keeps one or two rows per node: it
+    deletes a node's past hours when it counts a new one."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+    registered = models.IntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "hour"], name="telemetry_workload_regs_hour")
+        ]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} @ {self.hour:%Y-%m-%d %H}h: {self.registered} new workloads"
 
 
 class HourlyUsage(UsageSums, Attribution):

@@ -15,7 +15,7 @@ import datetime as dt
 import json
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from django.conf import settings
@@ -36,6 +36,8 @@ Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 # Workloads per sample, and their strings (docs/ingest.md, "workloads").
 WORKLOADS_MAX = 32
 WORKLOAD_TEXT_MAX = 200
+WorkloadKind = Literal["slurm", "k8s", "container", "user"]
+WorkloadText = Annotated[str, msgspec.Meta(min_length=1, max_length=WORKLOAD_TEXT_MAX)]
 # Σ share_s of a sample may pass ``seconds`` by this much: per-second shares are summed in
 # floating point by the agent.
 SHARE_SLACK_S = 0.5
@@ -56,13 +58,14 @@ class WorkloadIn(msgspec.Struct):
     """A workload that held the GPU during the sample: its share of the interval's seconds
     and of their air time (docs/metrics.md, "Workloads")."""
 
-    kind: Literal["slurm", "k8s", "container", "user"]
-    id: Annotated[str, msgspec.Meta(min_length=1, max_length=WORKLOAD_TEXT_MAX)]
+    kind: WorkloadKind
+    id: WorkloadText
     share_s: Annotated[float, msgspec.Meta(gt=0, le=3600)]
     air_s: Seconds
-    user: Annotated[str, msgspec.Meta(max_length=WORKLOAD_TEXT_MAX)] = ""
-    account: Annotated[str, msgspec.Meta(max_length=WORKLOAD_TEXT_MAX)] = ""
-    name: Annotated[str, msgspec.Meta(max_length=WORKLOAD_TEXT_MAX)] = ""
+    # Optional (absent or null: not said), but 1–200 characters when sent.
+    user: WorkloadText | None = None
+    account: WorkloadText | None = None
+    name: WorkloadText | None = None
 
 
 class SampleIn(msgspec.Struct):
@@ -153,11 +156,14 @@ _sample_decoder = msgspec.json.Decoder(SampleIn, strict=True)
 class IngestError(Exception):
     """The whole push is refused: ``status`` (400/413) and the field to blame."""
 
-    def __init__(self, status: int, field_name: str, error: str) -> None:
+    def __init__(
+        self, status: int, field_name: str, error: str, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(f"{field_name}: {error}")
         self.status = status
         self.field = field_name
         self.error = error
+        self.retry_after_s = retry_after_s  # a 429's Retry-After
 
     def body(self) -> dict[str, Any]:
         return {"detail": f"{self.field}: {self.error}", "field": self.field, "error": self.error}
@@ -187,6 +193,8 @@ REJECT_INVALID = "invalid"
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"missing required field `(?P<name>[^`]+)`")
 _INDEX = re.compile(r"\[(\d+)\]")
+_WORKLOAD_TEXT_PATH = re.compile(r"workloads\[\d+\]\.(id|user|account|name)$")
+_WORKLOAD_KIND_PATH = re.compile(r"workloads\[\d+\]\.kind$")
 _NUMBER_TYPES = ("`float`", "`int`")
 _RANGES = {
     "seconds": "must be an integer within 1–3600",
@@ -245,6 +253,10 @@ def validation_error_split(exc: msgspec.ValidationError, root: str = "body") -> 
             return path, "must be a number within 0–seconds"
     if leaf == "workloads" and "length" in message:
         return path, f"at most {WORKLOADS_MAX} entries"
+    if _WORKLOAD_TEXT_PATH.match(path) and "length" in message:
+        return path, f"must be 1–{WORKLOAD_TEXT_MAX} characters"
+    if _WORKLOAD_KIND_PATH.match(path) and "enum" in message:
+        return path, f"must be one of {', '.join(get_args(WorkloadKind))}"
     if leaf in _RANGES and any(
         mark in message for mark in (">=", "<=", "` > ", "` < ", "out of range", "got `float`")
     ):

@@ -328,6 +328,10 @@ INGEST_MAX_BODY_BYTES = env_int("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)
 # node with more is misconfigured or hostile, and every page lists a node's GPUs.
 INGEST_MAX_GPUS = env_int("INGEST_MAX_GPUS", 64)
 NODE_MAX_GPUS = env_int("NODE_MAX_GPUS", 64)
+# New workloads one node may register per UTC hour (docs/ingest.md); a push past it gets 429
+# and its agent resends it later. 1,000 is twice what an 8-GPU node makes starting a new job
+# on every GPU every minute. At least 32 (a sample's most), so one sample always fits.
+INGEST_MAX_NEW_WORKLOADS_PER_HOUR = max(32, env_int("INGEST_MAX_NEW_WORKLOADS_PER_HOUR", 1000))
 # Django's own limit must not cut in before ours: the ingest view answers 413 itself.
 DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES + 1024 * 1024
 WEEKLY_REPORT_RECIPIENTS = env_list("WEEKLY_REPORT_RECIPIENTS", "")

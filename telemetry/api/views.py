@@ -160,7 +160,9 @@ class IngestView(APIView):
             400: OpenApiResponse(OpenApiTypes.OBJECT, description="bad push or every sample bad"),
             401: OpenApiResponse(description="missing, wrong or revoked node token"),
             413: OpenApiResponse(OpenApiTypes.OBJECT, description="body or batch too large"),
-            429: OpenApiResponse(description="throttled"),
+            429: OpenApiResponse(
+                description="throttled, or the node's new workloads of this hour are at the cap"
+            ),
             503: OpenApiResponse(description="database unavailable: retry later"),
         },
         description="Push interval samples of the node's GPUs (wire format: docs/ingest.md).",
@@ -183,9 +185,13 @@ class IngestView(APIView):
                     payload_bytes=payload,
                     now=timezone.now(),
                     counters=counters,
+                    max_new_workloads_per_hour=settings.INGEST_MAX_NEW_WORKLOADS_PER_HOUR,
                 )
             except IngestError as exc:
-                return Response(exc.body(), status=exc.status)
+                headers = None
+                if exc.retry_after_s is not None:
+                    headers = {"Retry-After": str(exc.retry_after_s)}
+                return Response(exc.body(), status=exc.status, headers=headers)
             except TokenRevoked:
                 # Revoked after this process read it: refuse as authentication would have.
                 node_token_cache_clear(token.prefix)

@@ -82,7 +82,8 @@ def test_a_sample_without_workloads_stores_none(agent: Any, base: Any) -> None: 
 
 def test_identity_is_site_kind_id_and_names_are_the_latest(agent: Any, base: Any) -> None:  # noqa: F811
     """The same job id at two sites is two workloads; at one site one, whichever node sent
-    it; a later push's non-empty names replace the stored ones, empty ones leave them."""
+    it; a later push of the node that first reported it replaces the names it sends and
+    leaves those it leaves out (the names of other nodes: test_ingest_workload_identity)."""
     fra, ams = Site.objects.create(name="fra1"), Site.objects.create(name="ams1")
     a, b, c = agent(), agent(), agent()
     Node.objects.filter(pk=a.node.pk).update(site=fra)
@@ -93,7 +94,7 @@ def test_identity_is_site_kind_id_and_names_are_the_latest(agent: Any, base: Any
         s = sample(f"GPU-i{i}", base, workloads=[job])
         assert node.post(push([s], [gpu_block(f"GPU-i{i}")])).json()["accepted"] == 1
     assert Workload.objects.filter(kind="slurm", key="48213").count() == 2
-    renamed = {**job, "user": "", "name": "train-llm-v2"}
+    renamed = {**{k: v for k, v in job.items() if k != "user"}, "name": "train-llm-v2"}
     later = sample("GPU-i0", base + dt.timedelta(minutes=1), workloads=[renamed])
     assert a.post(push([later])).json()["accepted"] == 1
     w = Workload.objects.get(site=fra, key="48213")
@@ -148,6 +149,18 @@ BAD_WORKLOADS: list[tuple[str, list[dict[str, Any]], str]] = [
     ("id with surrounding space", [_w(id=" 48213")], "workloads[0].id"),
     ("newline in user", [_w(user="ali\nce")], "workloads[0].user"),
     ("account of 201 characters", [_w(account="a" * 201)], "workloads[0].account"),
+    # Every string (docs/ingest.md): 1–200 characters when sent, no control characters.
+    ("empty kind", [_w(kind="")], "workloads[0].kind"),
+    ("control character in kind", [_w(kind="slu\x07rm")], "workloads[0].kind"),
+    ("kind of 201 characters", [_w(kind="s" * 201)], "workloads[0].kind"),
+    ("empty user", [_w(user="")], "workloads[0].user"),
+    ("user of 201 characters", [_w(user="u" * 201)], "workloads[0].user"),
+    ("empty account", [_w(account="")], "workloads[0].account"),
+    ("control character in account", [_w(account="nl\x1bp")], "workloads[0].account"),
+    ("empty name", [_w(name="")], "workloads[0].name"),
+    ("name of 201 characters", [_w(name="n" * 201)], "workloads[0].name"),
+    ("tab in name", [_w(name="train\tllm")], "workloads[0].name"),
+    ("the second entry's empty user", [_w(share_s=10), _w(id="2", user="")], "workloads[1].user"),
     ("listed twice", [_w(share_s=10), _w(share_s=10)], "workloads[1].id"),
     ("33 entries", [_w(id=str(i), share_s=1, air_s=0) for i in range(33)], "workloads"),
     ("share as a string", [_w(share_s="30")], "workloads[0].share_s"),
@@ -176,6 +189,17 @@ def test_every_workload_rule_rejects_the_sample_naming_the_field(
     assert body["accepted"] == 1
     assert [(x["index"], x["field"]) for x in body["rejected"]] == [(1, field)], body
     assert Sample.objects.count() == 1 and not Workload.objects.exists()
+
+
+def test_user_account_and_name_may_be_left_out_or_null(agent: Any, base: Any) -> None:  # noqa: F811
+    a = agent()
+    bare = {"kind": "user", "id": "alice", "share_s": 20.0, "air_s": 5.0}
+    nulls = {"kind": "slurm", "id": "7", "user": None, "account": None, "name": None}
+    ws = [bare, {**nulls, "share_s": 20.0, "air_s": 5.0}]
+    r = a.post(push([sample("GPU-o", base, workloads=ws)], [gpu_block("GPU-o")]))
+    assert r.json() == {"accepted": 1, "duplicates": 0, "rejected": []}
+    names = set(Workload.objects.values_list("key", "user_name", "account", "name"))
+    assert names == {("alice", "", "", ""), ("7", "", "", "")}
 
 
 def test_shares_may_pass_seconds_by_half_a_second(agent: Any, base: Any) -> None:  # noqa: F811
