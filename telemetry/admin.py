@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.dateparse import parse_datetime
 
-from telemetry.models import RollupPending
+from telemetry.models import RollupPending, Workload, WorkloadClaim
 from telemetry.rollup import rollup_marks_requeue
 
 
@@ -75,3 +75,46 @@ class RollupPendingAdmin(admin.ModelAdmin[RollupPending]):
             return list(queryset.values_list("hour", flat=True))
         hours = [parse_datetime(value) for value in request.POST.getlist(ACTION_CHECKBOX_NAME)]
         return [h for h in hours if h is not None]
+
+
+class WorkloadClaimInline(admin.TabularInline[WorkloadClaim, Workload]):
+    model = WorkloadClaim
+    fields = readonly_fields = ("node", "field", "value", "first_seen_at", "last_seen_at")
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Workload)
+class WorkloadAdmin(admin.ModelAdmin[Workload]):
+    """Workloads as ingest registered them, with what other nodes claimed for their names
+    (docs/ingest.md, "Whose names count"). Only ``identity_node`` can be changed: when a node
+    reported a job before the node that runs it, an operator gives the names to the right
+    node (its next report sets them); names themselves are never typed in here."""
+
+    list_display = ["key", "kind", "site", "user_name", "account", "name", "identity_node"]
+    list_filter = ["kind", "site"]
+    search_fields = ["key", "user_name", "account", "name"]
+    readonly_fields = (
+        "site",
+        "kind",
+        "key",
+        "user_name",
+        "account",
+        "name",
+        "first_seen_at",
+        "last_seen_at",
+        "created_at",
+    )
+    fields = (*readonly_fields[:6], "identity_node", *readonly_fields[6:])
+    inlines = [WorkloadClaimInline]
+    list_select_related = ["site", "identity_node"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Rollups and money refer to workloads: they are never deleted by hand.
+        return False

@@ -364,3 +364,39 @@ def test_the_agent_keeps_a_batch_refused_for_the_cap_and_delivers_it_after_the_h
         assert delivery.step(delivery.next_attempt) == "sent"
     assert spool.pending() == 0
     assert Workload.objects.filter(key="200").exists() and Sample.objects.count() == 3
+
+
+# --- the admin gives a workload's names to the node that runs it --------------------------------
+def test_the_admin_moves_a_workloads_names_to_the_claiming_node(
+    agent: Any,  # noqa: F811
+    base: Any,  # noqa: F811
+    make_user: Any,
+    client: Any,
+) -> None:
+    a, b = two_nodes(agent)
+    post_ok(a, [sample("GPU-a", base, workloads=held({**JOB, "user": "early"}))], "GPU-a")
+    post_ok(b, [sample("GPU-b", base, workloads=held(JOB))], "GPU-b")
+    job = Workload.objects.get(key="48213")
+    assert names() == ("early", "nlp", "train-llm")  # node A reported first
+    client.force_login(make_user("admin"))
+    url = f"/admin/telemetry/workload/{job.pk}/change/"
+    page = client.get(url)
+    assert page.status_code == 200 and b"alice" in page.content  # B's claim is listed
+
+    # Only the owner can be changed: a name posted with it is ignored.
+    r = client.post(url, {"identity_node": b.node.pk, "user_name": "typed", **_NO_INLINES})
+    assert r.status_code == 302, r.content
+    job.refresh_from_db()
+    assert job.identity_node_id == b.node.pk and job.user_name == "early"
+    post_ok(b, [sample("GPU-b", base + dt.timedelta(minutes=1), workloads=held(JOB))])
+    assert names() == ("alice", "nlp", "train-llm")  # the new owner's report sets them
+    assert client.post(f"/admin/telemetry/workload/{job.pk}/delete/").status_code == 403
+
+
+# The claims inline's management form, which a change form posts.
+_NO_INLINES = {
+    "claims-TOTAL_FORMS": "0",
+    "claims-INITIAL_FORMS": "0",
+    "claims-MIN_NUM_FORMS": "0",
+    "claims-MAX_NUM_FORMS": "1000",
+}
