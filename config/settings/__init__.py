@@ -16,6 +16,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_list, env_str
+from config.site_url import served_url_read
 
 # Lets admin classes and querysets be subscripted at run time (ModelAdmin[Site]).
 django_stubs_ext.monkeypatch()
@@ -27,7 +28,11 @@ SECRET_KEY = env_str("SECRET_KEY", "insecure-embedded-default-change-me")
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
-SITE_URL = env_str("SITE_URL", "http://localhost:8000").rstrip("/")
+# Unset: the URL a demo serving from this var dir wrote (config/site_url.py), so commands run
+# beside it link to it; else the runserver default.
+SITE_URL = (
+    env_str("SITE_URL", "").rstrip("/") or served_url_read(VAR_DIR) or "http://localhost:8000"
+)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -4,14 +4,16 @@ Migrates, applies the demo fleet file (billing/demo/fleet.toml), generates ``--d
 history for about ``--gpus`` GPUs from the fake fleet through the real ingest service
 (``sample_batch_ingest``, in batches of many samples), rolls it up, then serves the dashboard
 on localhost with a threaded WSGI server while simulated agents keep POSTing live samples to
-its ``/api/v1/ingest`` with node tokens and a thread rolls them up every 30 s. Prints the URL
-and a login on its last lines. ``--no-serve`` stops after the rollup (the tests use it).
+its ``/api/v1/ingest`` with node tokens, and Celery beat's schedule runs in-process
+(config/scheduler.py: rollups, alert rules, the weekly report, digests). Prints the URL and a
+login on its last lines. ``--no-serve`` stops after the rollup (the tests use it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import io
 import json
 import logging
 import math
@@ -28,15 +30,19 @@ from typing import Any, TextIO
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import close_old_connections, connections
+from django.db import connections
 from django.utils import timezone
+
+from config.site_url import served_url_clear, served_url_write
 
 DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "demo"
 FLEET_FILE = DEMO_DIR / "fleet.toml"
 SPEC_FILE = DEMO_DIR / "fleet_spec.json"
 PLOTLY_FINDER = "billing.staticfiles.PlotlyJsFinder"
 DEMO_USERS = (("demo", "admin"), ("finance", "finance"), ("viewer", "viewer"))
-ROLLUP_EVERY_S = 30
+# Each demo user's address: what Subscribe and the weekly report send to (the console backend
+# prints it when EMAIL_HOST is unset).
+DEMO_EMAIL_DOMAIN = "example.com"
 BASE_GPUS_PER_NODE = 8
 
 log = logging.getLogger("gpufleet.demo")
@@ -82,6 +88,7 @@ class Command(BaseCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.stop = threading.Event()  # set: stop serving (what Ctrl-C does; the tests use it)
+        self.beat: Any = None  # the in-process beat (config.scheduler) while serving
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -207,6 +214,7 @@ class Command(BaseCommand):
             user, _ = get_user_model().objects.get_or_create(username=username)
             # Demo-only passwords (the username): this database is a local toy.
             user.set_password(username)
+            user.email = f"{username}@{DEMO_EMAIL_DOMAIN}"
             user.save()
             role_assign(user=user, role=role)
 
@@ -311,6 +319,23 @@ class Command(BaseCommand):
         others = ", ".join(f"{u}/{u} ({r})" for u, r in DEMO_USERS[1:])
         self._say(f"Login: demo / demo (admin; demo-only passwords; also {others})")
 
+    def _periodic(self) -> str:
+        """Celery beat's schedule in this process (config/scheduler.py), with a first look at
+        the alert rules now rather than in five minutes; what the demo says of it."""
+        from config import scheduler
+
+        beat = self.beat = scheduler.start()
+        if beat is None:
+            return "periodic tasks: left to celery beat and a worker (a broker is set)"
+        try:
+            # By its command: billing sits below alerts and imports nothing of it.
+            out = io.StringIO()
+            call_command("alerts_evaluate", stdout=out)
+            self._say(f"alert rules: {out.getvalue().strip().splitlines()[-1]}")
+        except Exception:  # the demo serves on; the schedule evaluates again in five minutes
+            log.exception("demo: evaluating the alert rules failed")
+        return f"periodic tasks run in-process ({', '.join(beat.entries)})"
+
     # --- serving ----------------------------------------------------------------------------
     def _serve(
         self,
@@ -338,10 +363,17 @@ class Command(BaseCommand):
         application = WSGIHandler()
         quiet: dict[str, int] = {}
         if opts["verbosity"] < 2:
-            # Agents push every minute and rollups run every 30 s; a line for each would
-            # bury the URL. Put back when serving ends (the command may run in a process
-            # that goes on, a test's).
-            for name in ("gpufleet.access", "django.server", "telemetry.rollup"):
+            # Agents push every minute and rollups run every minute (a line from the
+            # schedule and one from Celery's trace each); a line for each would bury the
+            # URL. Put back when serving ends (the command may run in a process that goes
+            # on, a test's).
+            for name in (
+                "gpufleet.access",
+                "django.server",
+                "telemetry.rollup",
+                "config.scheduler",
+                "celery.app.trace",
+            ):
                 quiet[name] = logging.getLogger(name).level
                 logging.getLogger(name).setLevel(logging.WARNING)
         server = None
@@ -363,8 +395,10 @@ class Command(BaseCommand):
         url = f"http://{host}:{port}/"
         if "SITE_URL" not in os.environ:
             # Links in emails and the report preview point at this server, not at the
-            # default port 8000 (SITE_URL set in the environment wins: a proxy in front).
+            # default port 8000 (SITE_URL set in the environment wins: a proxy in front);
+            # the file tells commands run in another shell beside the demo.
             settings.SITE_URL = url.rstrip("/")
+            served_url_write(Path(settings.VAR_DIR), url)
         stop = self.stop
         threads = [
             threading.Thread(
@@ -380,15 +414,15 @@ class Command(BaseCommand):
                     stop,
                 ),
             ),
-            threading.Thread(target=_rollups, name="demo-rollup", daemon=True, args=(stop,)),
         ]
         serving = threading.Thread(target=server.serve_forever, name="demo-http", daemon=True)
         serving.start()
         for thread in threads:
             thread.start()
+        periodic = self._periodic()
         self._say(
             f"serving in {time.monotonic() - started:.0f} s; simulated agents push every "
-            f"{opts['live_interval']} s, rollups every {ROLLUP_EVERY_S} s; Ctrl-C stops"
+            f"{opts['live_interval']} s; {periodic}; Ctrl-C stops"
         )
         self._say(f"Dashboard: {url}")
         self._logins()
@@ -401,6 +435,9 @@ class Command(BaseCommand):
             stop.set()
             server.shutdown()
             server.server_close()
+            if self.beat is not None:  # the process may go on (a test's): no work left behind
+                self.beat.stop.set()
+            served_url_clear(Path(settings.VAR_DIR), url)
             for name, level in quiet.items():
                 logging.getLogger(name).setLevel(level)
 
@@ -520,16 +557,3 @@ def _live_agents(
         # Wake just after the next boundary, when every node has a new interval to send.
         wait = interval_s - (time.time() % interval_s) + 1
         stop.wait(wait)
-
-
-def _rollups(stop: threading.Event) -> None:
-    """What Celery beat does in production: roll the marked hours up every 30 s."""
-    from telemetry.rollup import rollup_run
-
-    while not stop.wait(ROLLUP_EVERY_S):
-        try:
-            rollup_run(wait=False)
-        except Exception:  # keep the demo alive; the next run catches up
-            log.exception("demo rollup failed")
-        finally:
-            close_old_connections()
