@@ -104,10 +104,6 @@ COLUMNS_1_2: tuple[str, ...] = tuple(sorted(set(COLUMNS_1_0) | _ADDED_IN_1_2))
 # The product's own columns (FOCUS custom columns), after the FOCUS ones.
 CUSTOM_COLUMNS: tuple[str, ...] = ("x_GpuModel", "x_IdleCost", "x_Priced")
 COLUMNS = {"1.0": COLUMNS_1_0 + CUSTOM_COLUMNS, "1.2": COLUMNS_1_2 + CUSTOM_COLUMNS}
-# Cells that carry names people typed: escaped against spreadsheet formulas like every CSV.
-TEXT_COLUMNS = frozenset(
-    {"ResourceName", "RegionId", "RegionName", "SubAccountId", "SubAccountName", "x_GpuModel"}
-)
 
 # Amounts and quantities are written with this many decimals. Six would not do: a thousand
 # identical GPUs share each day's rounding error, and 60,000 rows of up to 0.5e-6 can move a

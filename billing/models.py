@@ -138,8 +138,9 @@ class MonthClose(models.Model):
     from its ``ClosedSegment`` rows, whatever data arrives late; the difference late data
     makes is booked as an adjustment in the first open month after it.
 
-    ``month`` is the first day of the month in the report time zone. Who closed it and when
-    is kept; a reopen (admins, with a reason) keeps who, when and why until the next close.
+    ``month`` is the first day of the month in the report time zone. Who closed it last and
+    when is kept here; every close and reopen (admins, with a reason) is recorded as a
+    ``MonthCloseEvent``. A close is never deleted (its events protect it), only reopened.
     """
 
     month = models.DateField(unique=True)
@@ -166,9 +167,6 @@ class MonthClose(models.Model):
     # for closes made before these were kept (compared as before).
     gpu_states = models.BinaryField(default=b"", blank=True, editable=False)
     site_terms = models.JSONField(default=dict, blank=True, editable=False)
-    reopened_at = models.DateTimeField(null=True, blank=True)
-    reopened_by = models.CharField(max_length=150, blank=True)
-    reopen_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-month"]
@@ -176,6 +174,28 @@ class MonthClose(models.Model):
     def __str__(self) -> str:
         state = "closed" if self.closed else "reopened"
         return f"{self.month:%Y-%m} ({state})"
+
+
+class MonthCloseEvent(models.Model):
+    """One close or reopen of a month (docs/finance.md): who, when and, for a reopen, why.
+    Written by ``billing.month_close`` only, never changed; the record a reopen leaves
+    survives whatever happens to the close afterwards (closed again, reopened again)."""
+
+    CLOSED, REOPENED = "closed", "reopened"
+    ACTIONS = [(CLOSED, "closed"), (REOPENED, "reopened")]
+
+    # PROTECT: a close with a history cannot be deleted, even outside the admin.
+    close = models.ForeignKey(MonthClose, on_delete=models.PROTECT, related_name="events")
+    action = models.CharField(max_length=8, choices=ACTIONS)
+    at = models.DateTimeField()
+    by = models.CharField(max_length=150)
+    reason = models.TextField(blank=True, help_text="Why (required for a reopen)")
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.close.month:%Y-%m} {self.action} {self.at:%Y-%m-%d %H:%M} by {self.by}"
 
 
 class ClosedFigures(UsageSums):
@@ -289,7 +309,8 @@ class ClosedClassDay(ClosedFigures):
 class FocusExport(models.Model):
     """A FOCUS file of one month, built by a Celery task (docs/finance.md) and downloaded
     from the Teams and pools page; gzip-compressed CSV. One row per month and version:
-    asking again rebuilds it."""
+    asking again rebuilds it. A month still in progress is built only when asked for, and
+    its file is marked ``partial``."""
 
     PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
     STATES = [(s, s) for s in (PENDING, RUNNING, DONE, FAILED)]
@@ -301,6 +322,8 @@ class FocusExport(models.Model):
     requested_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     rows = models.PositiveIntegerField(default=0)
+    # Built before its month ended (report time zone): the month so far, not the month.
+    partial = models.BooleanField(default=False)
     content = models.BinaryField(default=b"", help_text="gzip of the CSV")
     error = models.TextField(blank=True)
 
@@ -311,4 +334,5 @@ class FocusExport(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"FOCUS {self.version} {self.month:%Y-%m} ({self.state})"
+        partial = ", partial" if self.partial else ""
+        return f"FOCUS {self.version} {self.month:%Y-%m} ({self.state}{partial})"

@@ -1,5 +1,9 @@
 """Month close (docs/finance.md): freeze a month's figures, reopen it with a reason.
 
+This module is the only way a month is closed or reopened (``close_month``, ``reopen_month``,
+the admin's add form and actions): each records a ``MonthCloseEvent`` (who, when, why) and
+a close is never deleted.
+
 A close stores the month's segments (per GPU, local day, attribution and rate: the rollups'
 sums and offline hours, and the terms they were priced at) as ``ClosedSegment`` rows, and
 its days summed by price class as ``ClosedClassDay`` rows; from then on every figure of the
@@ -19,7 +23,7 @@ from zoneinfo import ZoneInfo
 from django.db import transaction
 from django.utils import timezone
 
-from billing.models import ClosedClassDay, ClosedSegment, MonthClose
+from billing.models import ClosedClassDay, ClosedSegment, MonthClose, MonthCloseEvent
 from billing.selectors.calendar import month_after
 from billing.selectors.closing import (
     _AT,
@@ -46,12 +50,18 @@ def month_parse(text: str) -> dt.date:
     return dt.date(int(found.group(1)), int(found.group(2)), 1)
 
 
+def month_has_ended(*, month: dt.date, zone: ZoneInfo, now: dt.datetime | None = None) -> bool:
+    """Whether ``month`` (its first day) has ended in ``zone`` at ``now``."""
+    return dt.datetime.combine(month_after(month), dt.time(), tzinfo=zone) <= (
+        now or timezone.now()
+    )
+
+
 def month_ended_check(*, month: dt.date, now: dt.datetime | None = None) -> ZoneInfo:
     """The report time zone, once ``month`` has ended in it; ValueError naming ``month``
     before (an incomplete month cannot be closed)."""
     zone = FleetSettings.load().report_zone
-    end = dt.datetime.combine(month_after(month), dt.time(), tzinfo=zone)
-    if end > (now or timezone.now()):
+    if not month_has_ended(month=month, zone=zone, now=now):
         raise ValueError(f"month: {month:%Y-%m} has not ended in the report time zone ({zone.key})")
     return zone
 
@@ -134,6 +144,7 @@ def month_close(*, month: dt.date, by: str, now: dt.datetime | None = None) -> C
         close.closed, close.closed_at, close.closed_by, close.zone = True, now, by, zone.key
         close.segments_count = len(rows)
         close.save()
+        MonthCloseEvent.objects.create(close=close, action=MonthCloseEvent.CLOSED, at=now, by=by)
     return CloseResult(close, True, f"closed {month:%Y-%m}: {len(rows)} segments frozen")
 
 
@@ -141,10 +152,14 @@ def month_reopen(
     *, month: dt.date, by: str, reason: str, now: dt.datetime | None = None
 ) -> CloseResult:
     """Reopen a closed month: its figures are live again until it is closed again. The
-    reason is required and kept; a month with a closed month after it is refused (reopen
-    the latest first). Raises ValueError naming ``reason`` or ``month``."""
-    if not reason.strip():
+    reason is recorded with who and when (``MonthCloseEvent``); a month with a closed month
+    after it is refused (reopen the latest first). Raises ValueError naming ``reason``,
+    ``by`` or ``month``."""
+    reason = reason.strip()
+    if not reason:
         raise ValueError("reason: a reopen needs a reason")
+    if not by.strip():
+        raise ValueError("by: a reopen needs who reopens it")
     now = now or timezone.now()
     with transaction.atomic():
         close = MonthClose.objects.select_for_update().filter(month=month).first()
@@ -162,8 +177,10 @@ def month_reopen(
         ClosedSegment.objects.filter(close=close).delete()
         ClosedClassDay.objects.filter(close=close).delete()
         close.closed, close.segments_count, close.by_class = False, 0, False
-        close.reopened_at, close.reopened_by, close.reopen_reason = now, by, reason.strip()
         close.save()
+        MonthCloseEvent.objects.create(
+            close=close, action=MonthCloseEvent.REOPENED, at=now, by=by, reason=reason
+        )
     return CloseResult(close, True, f"reopened {month:%Y-%m}")
 
 

@@ -39,6 +39,7 @@ from billing.formatting import MISSING, money, pct
 from billing.models import WeeklyReport
 from config.replica import replica_reads
 from fleet.bounds import date_error
+from fleet.emails import recipient_error
 from fleet.models import FleetSettings, Gpu, Pool
 
 logger = logging.getLogger(__name__)
@@ -261,6 +262,15 @@ class BarRow:
     total_cost: str
     utilization: str
     extra: str = ""
+
+    @property
+    def label(self) -> str:
+        """The row's name; a row of late data for a closed month says which month it adjusts
+        ("research (adjustment for 2026-10)", the dashboard's wording), so it does not read
+        as the same team or GPU listed twice."""
+        if self.row.adjustment_for:
+            return f"{self.row.name} (adjustment for {self.row.adjustment_for})"
+        return self.row.name
 
 
 def _bars(rows: Sequence[selectors.CostRow], *, value: Any, currency: str) -> list[BarRow]:
@@ -551,7 +561,8 @@ def weekly_report_messages(
 
 def weekly_report_recipients() -> list[str]:
     """Users who opted in and may see money (finance, admin: the report shows costs), then
-    ``WEEKLY_REPORT_RECIPIENTS``; each address once, case-insensitively."""
+    ``WEEKLY_REPORT_RECIPIENTS``; each address once, case-insensitively. An address the one
+    recipient rule refuses (``fleet.emails.recipient_error``) is left out and logged."""
     users = (
         get_user_model()
         .objects.filter(report_subscription__opted_in=True, is_active=True)
@@ -563,8 +574,13 @@ def weekly_report_recipients() -> list[str]:
     seen: dict[str, str] = {}
     for address in addresses:
         address = address.strip()
-        if address and address.lower() not in seen:
-            seen[address.lower()] = address
+        if not address or address.lower() in seen:
+            continue
+        error = recipient_error(address)
+        if error is not None:
+            logger.warning("weekly report: not sent to %s", error)
+            continue
+        seen[address.lower()] = address
     return list(seen.values())
 
 

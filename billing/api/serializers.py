@@ -105,8 +105,6 @@ COST_COLUMNS: tuple[str, ...] = (
 )
 # Grouped by team, a row also names the team's cost centre, after its name (chargeback).
 TEAM_COST_COLUMNS: tuple[str, ...] = (*COST_COLUMNS[:2], "cost_center", *COST_COLUMNS[2:])
-# Cells that carry names people typed (GPU, team, pool… names): escaped in CSV.
-COST_TEXT_COLUMNS = frozenset({"key", "name", "cost_center", "currency", "adjustment_for"})
 _FLOAT_FIELDS = (
     "capacity_hours",
     "observed_hours",

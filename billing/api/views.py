@@ -27,7 +27,6 @@ from billing import focus, selectors
 from billing.api.csv import CsvRenderer, csv_response
 from billing.api.filters import CostProfileFilterSet
 from billing.api.serializers import (
-    COST_TEXT_COLUMNS,
     BreakevenQuerySerializer,
     BreakevenSerializer,
     CostPageSerializer,
@@ -244,7 +243,6 @@ class CostsView(FinanceAPIView):
                     for row in cost_rows_chunked(**wanted)
                 ),
                 columns=cost_columns(params["group_by"]),
-                text_columns=COST_TEXT_COLUMNS,
                 filename=filename,
             )
         if offset is None:
@@ -286,7 +284,6 @@ class FocusView(FinanceAPIView):
         return csv_response(
             (focus.focus_row(charge, version=version) for charge in charges),
             columns=focus.COLUMNS[version],
-            text_columns=focus.TEXT_COLUMNS,
             filename="focus-{}_{}_{}.csv".format(version, params["start"], params["end"]),
         )
 

@@ -53,10 +53,6 @@ WORKLOAD_COLUMNS: tuple[str, ...] = (
 )
 # Grouped by team, a row also names the team's cost centre, after its key (chargeback).
 WORKLOAD_TEAM_COLUMNS: tuple[str, ...] = ("key", "cost_center", *WORKLOAD_COLUMNS[1:])
-# Cells that carry names agents or people typed: escaped in CSV.
-WORKLOAD_TEXT_COLUMNS = frozenset(
-    {"key", "cost_center", "kind", "name", "user", "account", "team", "site", "currency"}
-)
 QUERY_KEYS = frozenset(
     {"start", "end", "group_by", "kind", "user", "account", "team", "site", "format"}
     | {"limit", "offset"}
@@ -217,7 +213,6 @@ class WorkloadsView(FinanceAPIView):
             return csv_response(
                 (workload_row_data(row, zone=zone, cost_centers=centers) for row in rows),
                 columns=WORKLOAD_TEAM_COLUMNS if centers is not None else WORKLOAD_COLUMNS,
-                text_columns=WORKLOAD_TEXT_COLUMNS,
                 filename=filename,
             )
         page = paginator.paginate_queryset(rows, request) or []

@@ -255,8 +255,9 @@ def test_csv_escapes_formula_injection() -> None:
     for prefix in ("=", "+", "-", "@", "\t", "\r"):
         assert csv_escape_text(prefix + "SUM(A1)") == "'" + prefix + "SUM(A1)"
     assert csv_escape_text("research") == "research"
-    assert csv_cell("-1.50", text=False) == "-1.50"  # our own numbers stay numbers
-    assert csv_cell(None, text=True) == "" and csv_cell(True, text=False) == "true"
+    assert csv_cell("-1.50") == "-1.50"  # a plain decimal stays a number
+    assert csv_cell("-2+3") == "'-2+3"  # anything else starting with - is text
+    assert csv_cell(None) == "" and csv_cell(True) == "true"
 
 
 def test_costs_csv_same_rows_as_json_and_escaped(

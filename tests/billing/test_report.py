@@ -304,6 +304,23 @@ def test_recipients(make_user: Any, settings: Any) -> None:
     ]
 
 
+def test_recipients_follow_the_one_recipient_rule(make_user: Any, settings: Any) -> None:
+    # Each passes Django's validate_email, and each is read by some mail servers as another
+    # destination (a relay through %, a quoted @, a bang path): the weekly report, like every
+    # email the product sends, goes to plain addresses only (fleet.emails.recipient_error).
+    hostile = ["evil%attacker.example@example.com", '"a@b"@example.com', "a!b@example.com"]
+    settings.WEEKLY_REPORT_RECIPIENTS = [hostile[0], "cio@example.com"]
+    for email in hostile[1:]:
+        user = make_user("finance")
+        user.email = email
+        user.save()
+        ReportSubscription.objects.create(user=user, opted_in=True)
+    assert report.weekly_report_recipients() == ["cio@example.com"]
+    for address in hostile:
+        with pytest.raises(CommandError, match="--to"):
+            call_command("send_weekly_report", "--to", address, stdout=io.StringIO())
+
+
 def test_weeks() -> None:
     assert week_label(dt.date(2026, 3, 2)) == "2026-W10"
     assert week_label(dt.date(2021, 1, 3)) == "2020-W53"
@@ -465,3 +482,24 @@ def test_a_real_render_logs_nothing_below_warning(caplog: Any, monkeypatch: Any)
     monkeypatch.setattr(report_chart, "render_png", lambda fig, browser: started.append(browser))
     assert report_chart.trend_png([row], currency="USD") == png  # type: ignore[list-item]
     assert not started
+
+
+def test_an_adjustment_row_says_which_month_it_adjusts(worked_example: Any) -> None:
+    """March closed on 5 April, then the site's tariff raised from 0.20 to 0.50 per kWh: the
+    week of Monday 30 March carries the repricing of March as its own team row, booked on
+    1 April. Its idle cost by hand: March's idle energy 0.95 kWh × 1.5 × (0.50 − 0.20) =
+    0.4275 → 0.43. The email names it as an adjustment, the dashboard's wording."""
+    from decimal import Decimal
+
+    from fleet.models import Site
+
+    with time_machine.travel(at("2026-04-05T12"), tick=False):
+        call_command("close_month", "2026-03", "--by", "alice", stdout=io.StringIO())
+    Site.objects.filter(name="fra1").update(price_per_kwh=Decimal("0.50"))
+    data = report.weekly_report_build(week_start=dt.date(2026, 3, 30), now=at("2026-04-06T00"))
+    labels = [(b.label, b.idle_cost) for b in data.top_teams]
+    assert ("research (adjustment for 2026-03)", "0.43 USD") in labels
+    assert [label for label, _ in labels].count("research") == 1
+    rendered = report.weekly_report_render(data, with_chart=False)
+    assert ". research (adjustment for 2026-03): idle 0.43 USD of " in rendered.text
+    assert ">research (adjustment for 2026-03)<br>" in rendered.html

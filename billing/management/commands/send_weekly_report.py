@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.core.validators import validate_email
 
 from billing.report import week_ended, weekly_report_send
+from fleet.emails import recipient_error
 
 
 class Command(BaseCommand):
@@ -24,11 +23,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         to = options.get("to")
-        if to:
-            try:
-                validate_email(to)
-            except ValidationError as exc:
-                raise CommandError(f"--to: not an email address: {to!r}") from exc
+        error = recipient_error(to.strip()) if to else None
+        if error is not None:
+            raise CommandError(f"--to: {error}")
         try:
             week_start = week_ended(options.get("week"))
         except ValueError as exc:
