@@ -134,6 +134,7 @@ class Delivery(models.Model):
     last_error = models.CharField(max_length=500, blank=True)
 
     class Meta:
+        verbose_name_plural = "deliveries"
         ordering = ["created_at", "pk"]
         constraints = [
             # The compare-and-swap on Alert.notices already lets one evaluator create a

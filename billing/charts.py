@@ -9,7 +9,9 @@ field of a ``CostRow``/``FleetSummary``/``BreakevenResult``, or a change of unit
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -119,6 +121,22 @@ def _layout(**extra: Any) -> dict[str, Any]:
     return layout
 
 
+def round_axis(values: Iterable[float | None], *, ticks: int = 4) -> dict[str, Any]:
+    """An axis from 0 to a round top at or above every value, ticked every round step (1, 2,
+    2.5 or 5 × 10^k; about ``ticks`` of them): the highest point is never above the top tick.
+    Plotly's own ticks on a second y axis follow the first axis's grid ("sync"), which gave
+    49.9, 99.9, 149.8 kg CO2e."""
+    top = max((v for v in values if v is not None), default=0.0)
+    if top <= 0:
+        return {"rangemode": "tozero"}
+    raw = top / ticks
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    # Rounded: 3 × 0.1 is 0.30000000000000004 in floats.
+    step = round(next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw), 12)
+    top_tick = round(math.ceil(top / step) * step, 12)
+    return {"range": [0, top_tick], "tickmode": "linear", "tick0": 0, "dtick": step}
+
+
 def _days(rows: Sequence[CostRow]) -> list[str]:
     return [r.period_start.date().isoformat() for r in rows]
 
@@ -143,55 +161,72 @@ def _target_line(x: list[str], y: float, name: str) -> dict[str, Any]:
     }
 
 
-def _mark_partial(fig: Figure, x: list[str], partial_day: dt.date | None) -> Figure:
-    """Today's figures are a part of a day: its bars hatched, its column shaded and labelled,
-    so a short last day does not read as a collapse."""
-    if partial_day is None or partial_day.isoformat() not in x:
+@dataclass(frozen=True)
+class PartialDay:
+    """A day of the daily charts whose figures cover only a part of it, and why, in a few
+    words: today so far, or the day the data began ("partial day: data from 06:45")."""
+
+    day: dt.date
+    label: str
+
+
+def _mark_partial(fig: Figure, x: list[str], partial_days: Sequence[PartialDay]) -> Figure:
+    """A part of a day drawn as a part: its bars hatched, its column shaded and labelled, so a
+    short first or last day does not read as a collapse."""
+    marks = [(x.index(p.day.isoformat()), p) for p in partial_days if p.day.isoformat() in x]
+    if not marks:
         return fig
-    at = x.index(partial_day.isoformat())
-    for trace in fig["data"]:
+    # Hatched bars, except a first column's: a legend's swatch takes the first bar's pattern,
+    # and a hatched swatch would say the whole series is a part. Its shade and label say it.
+    hatched = {at for at, _ in marks if at > 0}
+    for trace in fig["data"] if hatched else []:
         if trace.get("type") == "bar" and trace.get("x") == x:
             trace.setdefault("marker", {})["pattern"] = {
-                "shape": ["/" if i == at else "" for i in range(len(x))],
+                "shape": ["/" if i in hatched else "" for i in range(len(x))],
                 "solidity": 0.45,
             }
-    noon = dt.datetime.combine(partial_day, dt.time(12))
     layout = fig["layout"]
-    layout["shapes"] = [
-        *layout.get("shapes", []),
-        {
-            "type": "rect",
-            "xref": "x",
-            "yref": "paper",
-            "x0": (noon - dt.timedelta(days=1)).isoformat(sep=" "),
-            "x1": noon.isoformat(sep=" "),
-            "y0": 0,
-            "y1": 1,
-            "fillcolor": PARTIAL_FILL,
-            "line": {"width": 0},
-            "layer": "below",
-        },
-    ]
-    layout["annotations"] = [
-        *layout.get("annotations", []),
-        {
-            "x": noon.isoformat(sep=" "),
-            "y": 1,
-            "xref": "x",
-            "yref": "paper",
-            "xanchor": "right",
-            "yanchor": "top",
-            "text": "today, so far",
-            "showarrow": False,
-            "font": {"size": 10, "color": INK},
-        },
-    ]
+    for at, mark in marks:
+        noon = dt.datetime.combine(mark.day, dt.time(12))
+        column = (noon - dt.timedelta(days=1), noon)  # a date axis centres a day's bar on 0:00
+        # The label inside its column, towards the middle of the chart.
+        first_half = at < len(x) / 2
+        layout["shapes"] = [
+            *layout.get("shapes", []),
+            {
+                "type": "rect",
+                "xref": "x",
+                "yref": "paper",
+                "x0": column[0].isoformat(sep=" "),
+                "x1": column[1].isoformat(sep=" "),
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": PARTIAL_FILL,
+                "line": {"width": 0},
+                "layer": "below",
+            },
+        ]
+        layout["annotations"] = [
+            *layout.get("annotations", []),
+            {
+                "x": column[0 if first_half else 1].isoformat(sep=" "),
+                "y": 1,
+                "xref": "x",
+                "yref": "paper",
+                "xanchor": "left" if first_half else "right",
+                "yanchor": "top",
+                "text": mark.label,
+                "showarrow": False,
+                "bgcolor": LABEL_BG,
+                "font": {"size": 10, "color": INK},
+            },
+        ]
     return fig
 
 
 # --- overview -------------------------------------------------------------------------------
 def air_hours_trend(
-    rows: Sequence[CostRow], *, target_utilization: float, partial_day: dt.date | None = None
+    rows: Sequence[CostRow], *, target_utilization: float, partial_days: Sequence[PartialDay] = ()
 ) -> Figure:
     """Hours in the air per GPU per day, each day of the period, against the target."""
     x = _days(rows)
@@ -211,11 +246,11 @@ def air_hours_trend(
         ],
         "layout": _layout(yaxis={"title": {"text": "hours / GPU / day"}, "range": [0, 24]}),
     }
-    return _mark_partial(fig, x, partial_day)
+    return _mark_partial(fig, x, partial_days)
 
 
 def utilization_trend(
-    rows: Sequence[CostRow], *, target_utilization: float, partial_day: dt.date | None = None
+    rows: Sequence[CostRow], *, target_utilization: float, partial_days: Sequence[PartialDay] = ()
 ) -> Figure:
     x = _days(rows)
     fig = {
@@ -235,7 +270,7 @@ def utilization_trend(
         ],
         "layout": _layout(yaxis={"title": {"text": "%"}, "range": [0, 100]}),
     }
-    return _mark_partial(fig, x, partial_day)
+    return _mark_partial(fig, x, partial_days)
 
 
 def block_hours_stacked(
@@ -243,7 +278,7 @@ def block_hours_stacked(
     *,
     x: list[str] | None = None,
     horizontal: bool = False,
-    partial_day: dt.date | None = None,
+    partial_days: Sequence[PartialDay] = (),
 ) -> Figure:
     """The block-hours breakdown (air / held / parked / offline), per GPU per day: each bar
     sums to 24 h."""
@@ -271,11 +306,11 @@ def block_hours_stacked(
         layout["height"] = max(220, 26 * len(labels) + 80)
     else:
         layout["yaxis"] = {**layout["yaxis"], **axis}
-    return _mark_partial({"data": data, "layout": layout}, labels, partial_day)
+    return _mark_partial({"data": data, "layout": layout}, labels, partial_days)
 
 
 def cost_trend(
-    rows: Sequence[CostRow], *, currency: str, partial_day: dt.date | None = None
+    rows: Sequence[CostRow], *, currency: str, partial_days: Sequence[PartialDay] = ()
 ) -> Figure:
     """Per day: the cost of the hours in the air against the idle cost (together the total)."""
     x = _days(rows)
@@ -302,11 +337,11 @@ def cost_trend(
         ],
         "layout": _layout(barmode="stack", yaxis={"title": {"text": currency}}),
     }
-    return _mark_partial(fig, x, partial_day)
+    return _mark_partial(fig, x, partial_days)
 
 
 def cost_per_air_hour_trend(
-    rows: Sequence[CostRow], *, currency: str, partial_day: dt.date | None = None
+    rows: Sequence[CostRow], *, currency: str, partial_days: Sequence[PartialDay] = ()
 ) -> Figure:
     """What one hour of real GPU work cost, against the nominal hourly rate."""
     x = _days(rows)
@@ -333,7 +368,7 @@ def cost_per_air_hour_trend(
         ],
         "layout": _layout(yaxis={"title": {"text": f"{currency} / hour"}}),
     }
-    return _mark_partial(fig, x, partial_day)
+    return _mark_partial(fig, x, partial_days)
 
 
 def _per_profiled_day(hours: float | None, row: CostRow) -> float | None:
@@ -345,7 +380,7 @@ def _per_profiled_day(hours: float | None, row: CostRow) -> float | None:
 
 
 def busy_vs_working_trend(
-    rows: Sequence[CostRow], *, partial_day: dt.date | None = None
+    rows: Sequence[CostRow], *, partial_days: Sequence[PartialDay] = ()
 ) -> Figure | None:
     """Per day, on the hours with profiling data (docs/metrics.md, "Work"): the hours a
     kernel ran (in the air), the hours the SMs really worked, and the hours the tensor cores
@@ -384,11 +419,12 @@ def busy_vs_working_trend(
             yaxis={"title": {"text": "hours / GPU / day"}, "range": [0, 24], "dtick": 6},
         ),
     }
-    return _mark_partial(fig, x, partial_day)
+    return _mark_partial(fig, x, partial_days)
 
 
-def energy_trend(rows: Sequence[CostRow], *, partial_day: dt.date | None = None) -> Figure:
+def energy_trend(rows: Sequence[CostRow], *, partial_days: Sequence[PartialDay] = ()) -> Figure:
     x = _days(rows)
+    co2e = [_num(r.co2e_kg, 1) for r in rows]
     fig = {
         "data": [
             {
@@ -411,7 +447,7 @@ def energy_trend(rows: Sequence[CostRow], *, partial_day: dt.date | None = None)
                 "type": "scatter",
                 "mode": "lines",
                 "x": x,
-                "y": [_num(r.co2e_kg, 1) for r in rows],
+                "y": co2e,
                 "name": "CO2e kg",
                 "yaxis": "y2",
                 "line": {"color": CO2E},
@@ -425,16 +461,16 @@ def energy_trend(rows: Sequence[CostRow], *, partial_day: dt.date | None = None)
                 "title": {"text": "kg CO2e"},
                 "overlaying": "y",
                 "side": "right",
-                "rangemode": "tozero",
                 "showgrid": False,
+                **round_axis(co2e),
             },
             margin={"l": 56, "r": 56, "t": 28, "b": 40},
         ),
     }
-    return _mark_partial(fig, x, partial_day)
+    return _mark_partial(fig, x, partial_days)
 
 
-def throttled_trend(rows: Sequence[CostRow], *, partial_day: dt.date | None = None) -> Figure:
+def throttled_trend(rows: Sequence[CostRow], *, partial_days: Sequence[PartialDay] = ()) -> Figure:
     """GPU-hours with the clocks held down per day (any reason), the reasons on hover. A
     reason's hours may overlap another's: only the total is drawn."""
     x = _days(rows)
@@ -463,7 +499,7 @@ def throttled_trend(rows: Sequence[CostRow], *, partial_day: dt.date | None = No
         ],
         "layout": _layout(showlegend=False, yaxis={"title": {"text": "GPU-hours"}}),
     }
-    return _mark_partial(fig, x, partial_day)
+    return _mark_partial(fig, x, partial_days)
 
 
 # --- heatmap --------------------------------------------------------------------------------
@@ -547,15 +583,16 @@ def utilization_heatmap(
                 "gridcolor": "rgba(0,0,0,0)",
             },
             xaxis={
-                "title": {"text": "day" if by == "day" else "hour"},
+                # The title below the tick labels, however they turn on a narrow screen
+                # (automargin makes room for both rather than cutting the labels).
+                "title": {"text": "day" if by == "day" else "hour", "standoff": 8},
+                "automargin": True,
                 "gridcolor": "rgba(0,0,0,0)",
                 "type": "category" if by == "hour" else "date",
+                # Days as "5 Nov" on one line (Plotly's default adds the year on a second).
+                **({"tickformat": "%-d %b"} if by == "day" else {}),
                 # A few days: one tick a day, not Plotly's noon ticks between them.
-                **(
-                    {"dtick": 86_400_000, "tickformat": "%-d %b"}
-                    if by == "day" and len(columns) <= 14
-                    else {}
-                ),
+                **({"dtick": 86_400_000} if by == "day" and len(columns) <= 14 else {}),
             },
             margin={"l": 120, "r": 16, "t": 16, "b": 48},
         ),
@@ -599,8 +636,8 @@ def gpu_timeseries(
         yaxis2={
             "domain": [0.52, 0.74],
             "title": {"text": "W"},
-            "rangemode": "tozero",
             "gridcolor": GRID,
+            **round_axis(power_w, ticks=3),  # the highest power at or below the top tick
         },
         yaxis3={"domain": [0.26, 0.48], "title": {"text": "°C"}, "gridcolor": GRID},
         yaxis4={
@@ -656,9 +693,18 @@ def gpu_activity(
 
 
 # --- teams and pools ------------------------------------------------------------------------
+def _group_names(rows: Sequence[CostRow]) -> list[str]:
+    """The bars' names: an adjustment row (late data for a closed month) says so, or its bar
+    would fall on the team's own."""
+    return [
+        f"{r.name} (adjustment for {r.adjustment_for})" if r.adjustment_for else r.name
+        for r in rows
+    ]
+
+
 def group_cost_bars(rows: Sequence[CostRow], *, currency: str) -> Figure:
     """Per team or pool: the cost of the hours in the air and the idle cost, stacked."""
-    names = [r.name for r in rows]
+    names = _group_names(rows)
     return {
         "data": [
             {
@@ -691,7 +737,7 @@ def group_cost_bars(rows: Sequence[CostRow], *, currency: str) -> Figure:
 
 
 def group_util_bars(rows: Sequence[CostRow], *, target_utilization: float) -> Figure:
-    names = [r.name for r in rows]
+    names = _group_names(rows)
     return {
         "data": [
             {
@@ -727,6 +773,22 @@ def group_util_bars(rows: Sequence[CostRow], *, target_utilization: float) -> Fi
 
 
 # --- break-even -----------------------------------------------------------------------------
+def _log_ticks(values: Iterable[float | None]) -> dict[str, Any]:
+    """A log axis's ticks at 1, 2 and 5 of each decade the values span, each labelled in full
+    ("0.2", "2", "20"): Plotly's own minor labels read "2" for 0.2 and 2.0 alike."""
+    shown = [v for v in values if v is not None and v > 0]
+    if not shown:
+        return {}
+    low = math.floor(math.log10(min(shown)))
+    high = math.ceil(math.log10(max(shown)))
+    ticks = [m * 10.0**e for e in range(low, high + 1) for m in (1, 2, 5) if e < high or m == 1]
+    return {
+        "tickmode": "array",
+        "tickvals": ticks,
+        "ticktext": [f"{t:,.{max(0, -math.floor(math.log10(t)))}f}" for t in ticks],
+    }
+
+
 def _vline(
     x: float, color: str, text: str, dash: str = "dash"
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -740,6 +802,9 @@ def _vline(
         "y1": 1,
         "line": {"color": color, "dash": dash, "width": 2},
     }
+    # On the side of the line with room for the label: a mark near the right edge (u* at
+    # 98.8 %) labelled to its right was cut off by the plot's edge.
+    right_half = x > 50
     note = {
         "x": x,
         "y": 0.98,
@@ -748,8 +813,8 @@ def _vline(
         "text": text,
         "showarrow": False,
         "yanchor": "top",
-        "xanchor": "left",
-        "xshift": 4,
+        "xanchor": "right" if right_half else "left",
+        "xshift": -4 if right_half else 4,
         "bgcolor": LABEL_BG,
         "font": {"color": color, "size": 11},
     }
@@ -770,10 +835,12 @@ def _own_against_line(
     hover_format: str,
     height: int,
     own_color: str = MONEY,
+    extra_values: Sequence[float | None] = (),
     **layout: Any,
 ) -> Figure:
     """Own cost against utilisation beside a flat alternative (an API price, a rental rate),
-    with the break-even and today's utilisation marked: the two break-even charts."""
+    with the break-even and today's utilisation marked: the two break-even charts.
+    ``extra_values``: those of a curve the caller adds, for the axis's ticks."""
     us = [round(u * 100, 1) for u, _ in result.curve]
     marks = [
         (breakeven, line_color, breakeven_label, "dash"),
@@ -819,6 +886,7 @@ def _own_against_line(
             yaxis={
                 "title": {"text": f"{result.currency} per {unit.strip(' /')}"},
                 "type": "log",
+                **_log_ticks([*own, line_y, *extra_values]),
             },
             margin={"l": 64, "r": 16, "t": 40, "b": 44},
             **layout,
@@ -830,6 +898,8 @@ def breakeven_curve(result: BreakevenResult) -> Figure:
     """Cost per million tokens against utilisation (owning, or renting for a rented pool),
     the API price, u* and the measured u; a rented pool's owning-instead curve beside."""
     rented = result.comparison == be.RENTED
+    instead = result.owning_instead if rented else None
+    instead_y = [_num(c, 4) for _, c in instead.curve] if instead is not None else []
     figure = _own_against_line(
         result,
         own=[_num(c, 4) for _, c in result.curve],
@@ -844,16 +914,15 @@ def breakeven_curve(result: BreakevenResult) -> Figure:
         hover_format=",.3f",
         height=380,
         hovermode="x unified",
+        extra_values=instead_y,
     )
-    instead = result.owning_instead
-    if rented and instead is not None:
-        curve = instead.curve
+    if instead is not None:
         figure["data"].append(
             {
                 "type": "scatter",
                 "mode": "lines",
-                "x": [round(u * 100, 1) for u, _ in curve],
-                "y": [_num(c, 4) for _, c in curve],
+                "x": [round(u * 100, 1) for u, _ in instead.curve],
+                "y": instead_y,
                 "name": "Owning instead",
                 "line": {"color": MONEY, "width": 2, "dash": "dot"},
                 "hovertemplate": f"%{{y:,.3f}} {result.currency} / million tokens"
@@ -895,7 +964,7 @@ def breakeven_month(result: BreakevenResult) -> Figure:
 
 
 def rent_curve(result: BreakevenResult) -> Figure | None:
-    """Own cost per hour of real work against renting on demand (only the air hours rented)."""
+    """Own cost per air hour against renting on demand (only the air hours rented)."""
     if result.rental_rate_per_hour is None or not result.tokens_per_s:
         return None
     mtok_per_air_hour = result.tokens_per_s * 3600 / 1e6  # unit change: M tokens per air hour

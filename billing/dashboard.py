@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Q
+from django.db.models import Min, Q
+from django.db.models.functions import Coalesce
 from django.http import QueryDict
 from django.utils import timezone
 
 from billing import cost_model as cm
+from billing.charts import PartialDay
 from billing.forms import PRESETS, FilterForm
 from billing.models import CostProfile
 from billing.selectors import Filters
@@ -193,6 +196,37 @@ def dashboard_filters(query: QueryDict, *, today: dt.date | None = None) -> Dash
     )
 
 
+def first_data_at() -> dt.datetime | None:
+    """When the fleet's data begins: the earliest GPU's start of capacity (its in-service
+    date, else its first sample: ``Gpu.service_start``); None before any GPU."""
+    first: dt.datetime | None = Gpu.objects.aggregate(
+        first=Min(Coalesce("in_service_at", "first_seen_at"))
+    )["first"]
+    return first
+
+
+def partial_days(flt: DashboardFilters, *, data_from: dt.datetime | None) -> list[PartialDay]:
+    """The days of the range whose figures cover a part of the day (report time zone): the
+    day the data began (``data_from``: the fleet's first data, or one GPU's) when it began
+    after midnight, and today so far. A window that starts before the data shows its first
+    day as a part, not as a dip."""
+    marks: dict[dt.date, str] = {}
+    if data_from is not None:
+        local = data_from.astimezone(flt.fleet_settings.report_zone)
+        if flt.start <= local.date() <= flt.end and local.time() != dt.time():
+            marks[local.date()] = f"partial day: data from {local:%H:%M}"
+    today = flt.partial_day
+    if today is not None:
+        marks[today] = f"{marks[today]}, so far" if today in marks else "today, so far"
+    return [PartialDay(day=day, label=label) for day, label in sorted(marks.items())]
+
+
+def window_hours_to_now(start: dt.datetime, end: dt.datetime, *, now: dt.datetime) -> float:
+    """The hours of [start, end) cut off at ``now``: the period the selectors spread capacity
+    over (recoverable GPUs, the break-even's month; ``_Computation.window_hours``)."""
+    return float(cm.hours_between(start=start, end=max(start, min(end, now))))
+
+
 def range_bounds(flt: DashboardFilters) -> tuple[dt.datetime, dt.datetime]:
     """The range as aware datetimes [start, end) in the report time zone."""
     zone = flt.fleet_settings.report_zone
@@ -220,6 +254,20 @@ def gpu_cost_profile(gpu: Gpu) -> CostProfile | None:
         pool_name=pool_name,
         site_name=site_name,
     )
+
+
+def pool_rental_rate(pool: str | None) -> Decimal | None:
+    """The rate per GPU-hour of the pool's own rented cost profile (scope ``pool:NAME``), if it
+    has one: the break-even form's on-demand rate for that pool, so the form never shows the
+    product's default beside a pool priced otherwise."""
+    if not pool:
+        return None
+    rate: Decimal | None = (
+        CostProfile.objects.filter(scope_kind="pool", scope_name=pool, kind="rented")
+        .values_list("rental_rate_per_hour", flat=True)
+        .first()
+    )
+    return rate
 
 
 SORTS = {

@@ -53,3 +53,9 @@ def pct(value: float | None, digits: int = 1) -> str:
 
 def num(value: float | None, digits: int = 1) -> str:
     return MISSING if value is None else f"{value:,.{digits}f}"
+
+
+def count(n: int, noun: str, plural: str = "") -> str:
+    """``1 GPU``, ``2 GPUs``, ``1,024 GPUs``: a whole number and its noun, plural unless
+    one (``plural`` where adding an "s" is wrong)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

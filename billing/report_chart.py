@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
+from billing.charts import round_axis
 from billing.selectors import CostRow
 
 logger = logging.getLogger(__name__)
@@ -93,10 +94,11 @@ def trend_figure(rows: Sequence[CostRow], *, currency: str) -> Any:
     import plotly.graph_objects as go
 
     days = [r.period_start.date().isoformat() for r in rows]
+    idle = [float(r.idle_cost) for r in rows]
     fig = go.Figure()
     fig.add_bar(
         x=days,
-        y=[float(r.idle_cost) for r in rows],
+        y=idle,
         name=f"Idle cost ({currency})",
         marker_color="#e8a33d",
         yaxis="y2",
@@ -121,9 +123,9 @@ def trend_figure(rows: Sequence[CostRow], *, currency: str) -> Any:
             "title": f"Idle cost {currency}",
             "overlaying": "y",
             "side": "right",
-            "rangemode": "tozero",
             "showgrid": False,
             "tickformat": ",.0f",
+            **round_axis(idle),  # round ticks (Plotly's follow the left axis: 239, 477, 716)
         },
         xaxis={"type": "date", "tickformat": "%d %b"},
         bargap=0.3,

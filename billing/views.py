@@ -33,14 +33,23 @@ from billing.dashboard import (
     DashboardFilters,
     blocks,
     dashboard_filters,
+    first_data_at,
     gpu_cost_profile,
+    partial_days,
+    pool_rental_rate,
     range_bounds,
+    window_hours_to_now,
 )
-from billing.focus_exports import focus_export_filename, focus_export_request
-from billing.formatting import money, money_exact, money_shown, num, pct
+from billing.focus_exports import (
+    focus_export_filename,
+    focus_export_months,
+    focus_export_request,
+)
+from billing.formatting import count, money, money_exact, money_shown, num, pct
 from billing.forms import FLEET_CHOICE, BreakevenForm
 from billing.models import FocusExport
 from billing.month_close import closed_months_between, month_parse
+from billing.workloads import UNASSIGNED
 from fleet.models import Gpu, Team
 from fleet.selectors import gpus_with_attribution, team_cost_centers
 
@@ -65,6 +74,7 @@ def _context(
         "can_view_costs": _can_view_costs(request),
         "currency": flt.currency,
         "closed_months": closed_months_between(start=flt.start, end=flt.end_exclusive),
+        "unassigned": UNASSIGNED,  # the users' and accounts' "(none)" row, said in words
         **extra,
     }
 
@@ -206,6 +216,26 @@ def _target_status(utilization: float | None, target: float) -> tuple[str, bool 
     return f"below the {target:.0%} target", False
 
 
+def _recoverable_words(
+    flt: DashboardFilters, target: float, *, data_from: dt.datetime | None
+) -> tuple[str, str]:
+    """What the recoverable GPUs card counts, in words (docs/metrics.md): GPU-equivalents over
+    the period's hours (cut off at now), so the same utilisation over a month and over 30
+    days, or over a window that starts before the data, gives different counts."""
+    start, end = range_bounds(flt)
+    hours = window_hours_to_now(start, end, now=timezone.now())
+    sub = f"at {target:.0%} utilisation, GPU-equivalents over the period's {num(hours, 0)} h"
+    if data_from is not None and start < data_from < end:
+        zone = flt.fleet_settings.report_zone
+        sub += f" (data from {data_from.astimezone(zone):%-d %b %H:%M})"
+    how = (
+        f"(capacity hours − air hours / {target:.0%}) / the period's {num(hours, 0)} hours: "
+        "the GPUs the same work would not need at the target, each counted over the whole "
+        "period, so hours without data lower it"
+    )
+    return sub, how
+
+
 @login_required
 @permission_required("fleet.view_dashboard", raise_exception=True)
 def overview(request: HttpRequest) -> HttpResponse:
@@ -229,6 +259,8 @@ def overview(request: HttpRequest) -> HttpResponse:
     target = summary.target_utilization
     status, good = _target_status(row.utilization, target)
     offline = summary.gpus_offline_now
+    data_from = first_data_at()
+    recoverable_sub, recoverable_how = _recoverable_words(flt, target, data_from=data_from)
     cards = [
         _card(
             "Fleet utilisation",
@@ -259,7 +291,8 @@ def overview(request: HttpRequest) -> HttpResponse:
         _card(
             "Recoverable GPUs",
             num(summary.recoverable_gpus),
-            f"at {target:.0%} utilisation",
+            recoverable_sub,
+            exact=recoverable_how,
             ident="kpi-recoverable",
         ),
         _card(
@@ -298,25 +331,25 @@ def overview(request: HttpRequest) -> HttpResponse:
     cards.insert(at + 1, _work_card(row, show_money=show_money, currency=cur))
     figures: dict[str, Any] = {}
     if has_data:
-        today = flt.partial_day
+        partial = partial_days(flt, data_from=data_from)
         figures = {
             "chart-air-hours": charts.air_hours_trend(
-                daily, target_utilization=target, partial_day=today
+                daily, target_utilization=target, partial_days=partial
             ),
             "chart-utilization": charts.utilization_trend(
-                daily, target_utilization=target, partial_day=today
+                daily, target_utilization=target, partial_days=partial
             ),
-            "chart-blocks": charts.block_hours_stacked(daily, partial_day=today),
-            "chart-throttled": charts.throttled_trend(daily, partial_day=today),
-            "chart-energy": charts.energy_trend(daily, partial_day=today),
+            "chart-blocks": charts.block_hours_stacked(daily, partial_days=partial),
+            "chart-throttled": charts.throttled_trend(daily, partial_days=partial),
+            "chart-energy": charts.energy_trend(daily, partial_days=partial),
         }
-        working = charts.busy_vs_working_trend(daily, partial_day=today)
+        working = charts.busy_vs_working_trend(daily, partial_days=partial)
         if working is not None:
             figures["chart-busy-working"] = working
         if show_money:
-            figures["chart-cost"] = charts.cost_trend(daily, currency=cur, partial_day=today)
+            figures["chart-cost"] = charts.cost_trend(daily, currency=cur, partial_days=partial)
             figures["chart-cost-per-air-hour"] = charts.cost_per_air_hour_trend(
-                daily, currency=cur, partial_day=today
+                daily, currency=cur, partial_days=partial
             )
     return render(
         request,
@@ -364,6 +397,7 @@ def overview_workloads_panel(request: HttpRequest) -> HttpResponse:
             "qs": flt.querystring,
             "can_view_costs": _can_view_costs(request),
             "currency": flt.currency,
+            "unassigned": UNASSIGNED,
         },
     )
 
@@ -480,6 +514,7 @@ def fleet_board(request: HttpRequest) -> HttpResponse:
         b["throttled_text"] = num(r.throttled_hours)
         b["url"] = _gpu_url(b["uuid"])
         b["blocks"] = blocks(r)
+        b["adjustment_for"] = r.adjustment_for
     columns = []
     for key, (col_label, _attr, col_worst) in SORTS.items():
         if key in MONEY_SORTS and not show_money:
@@ -695,11 +730,11 @@ def gpu_detail(request: HttpRequest, uuid: str) -> HttpResponse:
     row = totals[0] if totals else None
     figures: dict[str, Any] = {}
     if daily:
-        today = flt.partial_day
-        figures["chart-gpu-blocks"] = charts.block_hours_stacked(daily, partial_day=today)
+        partial = partial_days(flt, data_from=gpu.service_start)
+        figures["chart-gpu-blocks"] = charts.block_hours_stacked(daily, partial_days=partial)
         if show_money:
             figures["chart-gpu-cost"] = charts.cost_trend(
-                daily, currency=flt.currency, partial_day=today
+                daily, currency=flt.currency, partial_days=partial
             )
     waiting: list[str] = []
     try:
@@ -852,6 +887,7 @@ def _group_table(
             "cost_per_air_hour": money(r.cost_per_air_hour) if show_money else "",
             "blocks": blocks(r),
             "priced": r.priced,
+            "adjustment_for": r.adjustment_for,
         }
         for r in rows
     ]
@@ -920,7 +956,7 @@ def chargeback(request: HttpRequest) -> HttpResponse:
 
 def _breakeven_scope(result: selectors.BreakevenResult) -> str:
     """Which view the page shows, in words: the fleet, an owned, rented or mixed pool."""
-    gpus = f"{result.gpus} GPU{'' if result.gpus == 1 else 's'}"
+    gpus = count(result.gpus, "GPU")
     if result.pool is None:
         if not result.gpus:
             return "Whole fleet: no GPU that is not rented was in service in this period"
@@ -1022,6 +1058,32 @@ def _breakeven_cards(result: selectors.BreakevenResult, cur: str) -> list[dict[s
     return cards
 
 
+def _month_basis(result: selectors.BreakevenResult) -> str:
+    """What the break-even's month counts, in words: the window's capacity scaled to 730 h
+    (docs/metrics.md), as the GPUs in service all month it amounts to, which is fewer than the
+    GPUs the scope names when some were in service for a part of the window only."""
+    hours = window_hours_to_now(result.window_start, result.window_end, now=timezone.now())
+    gpus = result.capacity_hours / hours if hours else 0.0
+    return (
+        f"Per month: the {num(result.capacity_hours, 0)} GPU-hours in service over the "
+        f"{num(hours, 0)} h of the window, scaled to {be.HOURS_PER_MONTH} h: {num(gpus)} GPUs in "
+        f"service all month (of the {count(result.gpus, 'GPU')}; a GPU in "
+        "service for a part of the window counts in part)."
+    )
+
+
+def _breakeven_initial(pool: str | None) -> dict[str, Any]:
+    """The form's defaults for ``pool`` (``BreakevenForm.initial_query``), its on-demand rate
+    that of the pool's own rented cost profile where it has one."""
+    data = BreakevenForm.initial_query(pool)
+    rate = pool_rental_rate(pool)
+    if rate is not None:
+        # As the fleet file gives it (2.49), not as the database keeps it (2.490000).
+        cents = rate.quantize(Decimal("0.01"))
+        data["rental_rate_per_hour"] = cents if cents == rate else rate.normalize()
+    return data
+
+
 @login_required
 @permission_required("fleet.view_costs", raise_exception=True)
 def breakeven(request: HttpRequest) -> HttpResponse:
@@ -1038,7 +1100,7 @@ def breakeven(request: HttpRequest) -> HttpResponse:
     data: Any = (
         request.GET
         if "tokens_per_s" in request.GET
-        else BreakevenForm.initial_query(flt.filters.pools[0] if flt.filters.pools else None)
+        else _breakeven_initial(flt.filters.pools[0] if flt.filters.pools else None)
     )
     form = BreakevenForm(data)
     result = None
@@ -1082,6 +1144,7 @@ def breakeven(request: HttpRequest) -> HttpResponse:
             cards=cards,
             figures=figures,
             scope=_breakeven_scope(result) if result is not None else "",
+            month_basis=_month_basis(result) if result is not None else "",
             rented=result is not None and result.comparison == be.RENTED,
             fleet_choice=FLEET_CHOICE[1],
         ),
@@ -1163,7 +1226,8 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
 def focus_export_create(request: HttpRequest) -> HttpResponse:
     """Permission: fleet.view_costs (finance, admin). POST ``month=YYYY-MM`` and
     ``version`` (1.2 or 1.0): a worker builds that month's FOCUS file; the Teams and pools
-    page lists it. A bad month or version answers 400 naming it."""
+    page lists it, and the redirect back keeps the page's query string (its filters), which
+    the form posts along. A bad month or version answers 400 naming it."""
     try:
         month = month_parse(request.POST.get("month", ""))
         focus_export_request(
@@ -1173,7 +1237,9 @@ def focus_export_create(request: HttpRequest) -> HttpResponse:
         )
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
-    return redirect(reverse("chargeback") + "#focus-files")
+    # Only the query string comes from the request: the path is ours (no open redirect).
+    query = request.GET.urlencode()
+    return redirect(reverse("chargeback") + (f"?{query}" if query else "") + "#focus-files")
 
 
 @login_required
@@ -1188,13 +1254,9 @@ def focus_export_download(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _focus_files() -> dict[str, Any]:
     """The Teams and pools page's FOCUS section: recent files and the months to ask for."""
-    today = timezone.now().date().replace(day=1)
-    months = [today]
-    while len(months) < 13:
-        months.append((months[-1] - dt.timedelta(days=1)).replace(day=1))
     return {
         "focus_exports": list(FocusExport.objects.defer("content")[:12]),
-        "focus_months": [f"{m:%Y-%m}" for m in months],
+        "focus_months": focus_export_months(),
         "focus_versions": focus.VERSIONS,
     }
 

@@ -16,7 +16,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
 from billing.dashboard import DashboardFilters, dashboard_filters
-from billing.formatting import money, num, pct
+from billing.formatting import count, money, num, pct
 from billing.views import _can_view_costs, _card, _context, _money_card
 from billing.workload_page import workload_account_figures, workload_page_figures
 from billing.workloads import (
@@ -221,7 +221,7 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if row is not None:
         cur = flt.currency
         cards = [
-            _card("GPU hours", num(row.gpu_hours), f"{row.gpus} GPUs", unit="h"),
+            _card("GPU hours", num(row.gpu_hours), count(row.gpus, "GPU"), unit="h"),
             _card("Air hours", num(row.air_hours), accent="air", unit="h"),
             _card("Held hours", num(row.held_hours), "no kernel running", unit="h"),
             _card("Utilisation", pct(row.utilization), "air / GPU hours", accent="air"),

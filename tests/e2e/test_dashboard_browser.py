@@ -39,9 +39,11 @@ def _kpi(page: Any, ident: str) -> str:
     return page.locator(f"#{ident} .value").inner_text().strip()
 
 
-def _shot(page: Any, name: str) -> None:
-    """One of the README's screenshots (docs/screenshots/ only when asked: conftest)."""
-    page.screenshot(path=str(screenshot_path(name, readme=True)), full_page=True)
+def _shot(page: Any, name: str, *, height: int | None = None) -> None:
+    """One of the README's screenshots (docs/screenshots/ only when asked: conftest): the
+    whole page, or its first ``height`` pixels (a long list's first screens)."""
+    clip = None if height is None else {"x": 0, "y": 0, "width": 1440, "height": height}
+    page.screenshot(path=str(screenshot_path(name, readme=True)), full_page=True, clip=clip)
 
 
 def test_finance_journey_through_every_page(live_server: Any, page: Any, open_page: Any) -> None:
@@ -84,6 +86,9 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any, open_pa
     _shot(page, "fleet-board")
     page.click("#fleet-board thead a:has-text('Util.')")
     page.wait_for_url(re.compile(r".*sort=util.*"))
+    # Again: the busiest first, whose page has something to show (the README's shot).
+    page.click("#fleet-board thead a:has-text('Util.')")
+    page.wait_for_url(re.compile(r".*sort=util&dir=desc.*"))
     first = page.locator("#fleet-board tbody tr td.gpu a").first
     first.click()
     page.wait_for_url(re.compile(r".*/gpus/GPU-.*"))
@@ -104,6 +109,7 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any, open_pa
     # each row a link to the workload's page, whose GPUs link back to their pages.
     page.click("nav a:has-text('Workloads')")
     page.wait_for_url(re.compile(r".*/workloads/.*"))
+    _shot(page, "workloads", height=1500)
     assert page.locator("#workload-table tbody tr td a").count() >= 3
     assert page.locator("#account-table tbody tr").count() >= 2
     assert "format=csv" in (page.get_attribute("#workloads-csv", "href") or "")
@@ -156,6 +162,12 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any, open_pa
     page.wait_for_url(re.compile(r".*pool=notebooks.*"))
     _charts_drawn(page)
     assert _kpi(page, "kpi-owning-instead") == "unknown"
+
+    # The alerts the demo's rules raise, once evaluated (what beat does every 5 minutes).
+    call_command("alerts_evaluate", verbosity=0)
+    page.goto(f"{base}/alerts/")
+    assert page.locator("h1").inner_text().startswith("Alerts")
+    _shot(page, "alerts")
 
     # The overview on a phone with the system in dark mode (the README shows its first screen).
     phone = open_page(390, "dark")

@@ -33,6 +33,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.utils import timezone
 
+from billing.formatting import count
 from config.site_url import served_url_clear, served_url_write
 
 DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "demo"
@@ -160,7 +161,8 @@ class Command(BaseCommand):
         elapsed = time.monotonic() - started
         if opts["no_serve"]:
             self._say(
-                f"demo data ready in {elapsed:.0f} s: {gpu_count} GPUs on {len(fleet.nodes)} nodes"
+                f"demo data ready in {elapsed:.0f} s: {count(gpu_count, 'GPU')} on "
+                f"{count(len(fleet.nodes), 'node')}"
             )
             self._logins()
             return
@@ -252,7 +254,7 @@ class Command(BaseCommand):
         possible = intervals * gpu_count
         self._say(
             f"generating {(end - start).total_seconds() / 86400:.1f} days of history for "
-            f"{gpu_count} GPUs ({possible:,} samples of {interval_s} s at most) "
+            f"{count(gpu_count, 'GPU')} ({possible:,} samples of {interval_s} s at most) "
             "through the ingest service…"
         )
         accepted = rejected = 0
