@@ -59,7 +59,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -187,6 +187,25 @@ def cgroup_owner(text: str) -> tuple[str, str] | None:
         if kind in found:
             return kind, found[kind]
     return None
+
+
+class SaidOnce:
+    """Logs a warning once per key: a problem met on every tick (a forged cgroup, a bad
+    allocation file) would otherwise flood the log. The keys are bounded (cleared when full),
+    so a workload that makes new keys forever costs no memory, only a repeated line."""
+
+    MAX_KEYS = 10_000
+
+    def __init__(self) -> None:
+        self._keys: set[Hashable] = set()
+
+    def __call__(self, key: Hashable, message: str, *args: object) -> None:
+        if key in self._keys:
+            return
+        if len(self._keys) >= self.MAX_KEYS:
+            self._keys.clear()
+        self._keys.add(key)
+        log.warning(message, *args)
 
 
 class NotRegularFile(OSError):
@@ -318,7 +337,7 @@ class ProcResolver:
         self._slots = threading.BoundedSemaphore(RESOLVE_THREADS)
         self._deadline: float | None = None  # this tick's end of waiting (time.monotonic())
         self._tick = 0
-        self._said: set[str] = set()
+        self._say = SaidOnce()
 
     def tick(self) -> None:
         self._tick += 1
@@ -595,13 +614,6 @@ class ProcResolver:
             name = self._names[uid] = self.users(uid)
         return name
 
-    def _say(self, key: str, message: str, *args: object) -> None:
-        if key not in self._said:
-            if len(self._said) > 10_000:
-                self._said.clear()
-            self._said.add(key)
-            log.warning(message, *args)
-
 
 def _uid(status: bytes) -> int | None:
     for line in status.splitlines():
@@ -730,7 +742,7 @@ class AllocationDir:
         self._gpus: dict[str, int] = {}
         self._files: dict[str, tuple[_FileKey, _Parsed]] = {}
         self._current: tuple[Allocation, ...] = ()
-        self._said: set[tuple[str, ...]] = set()
+        self._say = SaidOnce()
 
     def allocations(self, now: float, gpus: Mapping[str, int]) -> Sequence[Allocation]:
         if now - self._looked < 1.0 and gpus == self._gpus:
@@ -852,13 +864,6 @@ class AllocationDir:
             why,
         )
 
-    def _say(self, key: tuple[str, ...], message: str, *args: object) -> None:
-        if key not in self._said:
-            if len(self._said) > 10_000:
-                self._said.clear()
-            self._said.add(key)
-            log.warning(message, *args)
-
 
 # -- both together ------------------------------------------------------------------------------
 
@@ -883,7 +888,7 @@ class Discovery:
         self._meta: dict[tuple[str, str], Workload] = {}
         self._by_gpu: dict[str, tuple[Workload, ...]] = {}
         self._canon: dict[Workload, Workload] = {}
-        self._said: set[str] = set()
+        self._say = SaidOnce()
 
     def begin(self, now: float, gpus: Mapping[str, int]) -> None:
         """Start a tick at ``now``; ``gpus``: every GPU of the node, UUID → NVML index."""
@@ -1002,10 +1007,3 @@ class Discovery:
                     form,
                 )
         return aliases
-
-    def _say(self, key: str, message: str, *args: object) -> None:
-        if key not in self._said:
-            if len(self._said) > 10_000:
-                self._said.clear()
-            self._said.add(key)
-            log.warning(message, *args)
