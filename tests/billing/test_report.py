@@ -310,9 +310,9 @@ def test_recipients_follow_the_one_recipient_rule(make_user: Any, settings: Any)
     # email the product sends, goes to plain addresses only (fleet.emails.recipient_error).
     hostile = ["evil%attacker.example@example.com", '"a@b"@example.com', "a!b@example.com"]
     settings.WEEKLY_REPORT_RECIPIENTS = [hostile[0], "cio@example.com"]
-    for email in hostile[1:]:
+    for address in hostile[1:]:
         user = make_user("finance")
-        user.email = email
+        user.email = address
         user.save()
         ReportSubscription.objects.create(user=user, opted_in=True)
     assert report.weekly_report_recipients() == ["cio@example.com"]
