@@ -31,11 +31,18 @@ from axes.backends import AxesStandaloneBackend
 from axes.handlers.database import AxesDatabaseHandler
 from django.conf import settings
 from django.contrib import admin
+from django.contrib import auth as django_auth
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.views import LoginView
+from django.core import signing
 from django.core.exceptions import ValidationError
 from django.db.models import Sum
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
 
 logger = logging.getLogger(__name__)
 
@@ -140,11 +147,23 @@ class LoginLockoutBackend(AxesStandaloneBackend):  # type: ignore[misc]
         return None
 
 
+LOCAL_LOGIN_OFF_CODE = "local_login_off"
+
+
+def local_login_off_message() -> str:
+    return f"Password login is switched off here: sign in with {settings.OIDC_PROVIDER_NAME}."
+
+
 class LockoutAuthenticationForm(AuthenticationForm):
     """Django's login form, saying why when the brake refused the login (the page would
-    otherwise say the password was wrong, even when it was right)."""
+    otherwise say the password was wrong, even when it was right), and refusing every
+    password while ``LOCAL_LOGIN`` is off (the admin site's login form too)."""
 
     def clean(self) -> dict[str, Any]:
+        if not settings.LOCAL_LOGIN:
+            # Before any password is checked: with local login off, a right password must not
+            # sign in, nor a wrong one count towards a lockout.
+            raise ValidationError(local_login_off_message(), code=LOCAL_LOGIN_OFF_CODE)
         try:
             return super().clean()
         except ValidationError:
@@ -172,6 +191,84 @@ def lockout_response(
     # The longest wait: the window counts from the last counted failure.
     response["Retry-After"] = str(login_failure_window_s())
     return response
+
+
+class LoginPageView(LoginView):
+    """The login page: the password form unless ``LOCAL_LOGIN`` is off, and "Sign in with
+    <OIDC_PROVIDER_NAME>" when single sign-on is configured (config/oidc.py)."""
+
+    authentication_form = LockoutAuthenticationForm
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context["local_login"] = settings.LOCAL_LOGIN
+        context["sso_name"] = settings.OIDC_PROVIDER_NAME if settings.OIDC_ISSUER else ""
+        return context
+
+
+# --- Break-glass login links (manage.py login_link) --------------------------------------
+# A signed link that signs one user in once, within LOGIN_LINK_MAX_AGE_S, whatever LOCAL_LOGIN
+# says and while the identity provider is down: for admins locked out of single sign-on. Only
+# someone with a shell on the server (SECRET_KEY) can make one.
+LOGIN_LINK_SALT = "gpufleet.config.auth.login_link"
+LOGIN_LINK_MAX_AGE_S = 15 * 60
+
+
+def _last_login_stamp(user: Any) -> str:
+    return user.last_login.isoformat() if user.last_login else ""
+
+
+def login_link_token(*, user: Any) -> str:
+    """A token for ``user``'s login link. It names the user's last login, which the link's use
+    moves: that makes it good for one sign-in."""
+    return signing.dumps({"u": user.pk, "l": _last_login_stamp(user)}, salt=LOGIN_LINK_SALT)
+
+
+def login_link_url(*, user: Any) -> str:
+    return settings.SITE_URL + reverse("login-link", args=[login_link_token(user=user)])
+
+
+def login_link_user(token: str) -> Any:
+    """The active user a valid, unused, unexpired token names; None otherwise."""
+    from django.contrib.auth import get_user_model
+
+    try:
+        data = signing.loads(token, salt=LOGIN_LINK_SALT, max_age=LOGIN_LINK_MAX_AGE_S)
+    except signing.BadSignature:  # SignatureExpired too
+        return None
+    user = get_user_model().objects.filter(pk=data.get("u"), is_active=True).first()
+    if user is None or _last_login_stamp(user) != data.get("l"):
+        return None
+    return user
+
+
+def _login_link_refused(request: HttpRequest) -> HttpResponse:
+    return render(request, "registration/login_link.html", {"user_to_sign_in": None}, status=403)
+
+
+@never_cache
+def login_link(request: HttpRequest, token: str) -> HttpResponse:
+    """``/accounts/login-link/<token>/``: GET shows whom the link signs in (a link preview or
+    a mail scanner that fetches it uses nothing up); POST signs in."""
+    user = login_link_user(token)
+    if user is None:
+        return _login_link_refused(request)
+    if request.method != "POST":
+        return render(request, "registration/login_link.html", {"user_to_sign_in": user})
+    from django.contrib.auth import get_user_model
+
+    # One use, settled by the database: of two posts at once only one moves last_login from
+    # the value the token names (compare-and-swap).
+    used = (
+        get_user_model()
+        .objects.filter(pk=user.pk, last_login=user.last_login)
+        .update(last_login=timezone.now())
+    )
+    if used != 1:
+        return _login_link_refused(request)
+    django_auth.login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    logger.warning("break-glass login link used for %s", user.username)
+    return HttpResponseRedirect(settings.LOGIN_REDIRECT_URL)
 
 
 # The admin has its own login page at /admin/login/; axes guards it like every login, and this

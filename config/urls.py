@@ -1,24 +1,34 @@
 """Top-level URLs: each app owns its own module; this file only mounts them."""
 
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponseRedirect
+from django.templatetags.static import static
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from config import health
-from config.auth import LockoutAuthenticationForm
+from config import health, oidc
+from config.auth import LoginPageView, login_link
 from fleet.permissions import CanViewDashboard
 
+
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """``/favicon.ico``, which a browser asks for on a page that names no icon (the weekly
+    email's preview): the site's icon. A temporary redirect, since the static file's name
+    changes with its content."""
+    return HttpResponseRedirect(static("favicon.svg"))
+
+
 urlpatterns = [
+    path("favicon.ico", favicon, name="favicon"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),
-    path(
-        "accounts/login/",
-        auth_views.LoginView.as_view(authentication_form=LockoutAuthenticationForm),
-        name="login",
-    ),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/login/", LoginPageView.as_view(), name="login"),
+    path("accounts/logout/", oidc.LogoutView.as_view(), name="logout"),
+    path("accounts/login-link/<str:token>/", login_link, name="login-link"),
+    # Single sign-on (config/oidc.py): 404 while OIDC_ISSUER is unset.
+    path("oidc/authenticate/", oidc.SsoLoginView.as_view(), name="oidc_authentication_init"),
+    path("oidc/callback/", oidc.SsoCallbackView.as_view(), name="oidc_authentication_callback"),
     path("admin/", admin.site.urls),
     path(
         "api/v1/schema",

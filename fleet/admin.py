@@ -11,6 +11,7 @@ from fleet.models import (
     NodeToken,
     Pool,
     Site,
+    SsoIdentity,
     Team,
 )
 
@@ -101,3 +102,19 @@ class ApiTokenAdmin(_TokenAdmin):
         "expires_at",
         "revoked_at",
     ]
+
+
+@admin.register(SsoIdentity)
+class SsoIdentityAdmin(admin.ModelAdmin[SsoIdentity]):
+    """Which provider person each single sign-on account is (config/oidc.py). Read-only; an
+    admin deletes a link to let another person at the provider take that account's name."""
+
+    list_display = ["user", "subject", "issuer", "created_at"]
+    search_fields = ["user__username", "subject"]
+    readonly_fields = ["user", "issuer", "subject", "created_at"]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False

@@ -230,3 +230,26 @@ class ApiToken(_Token):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class SsoIdentity(models.Model):
+    """Which person at the identity provider one user is: the provider's issuer and its
+    ``sub`` claim, which never changes and is never reused (OpenID Connect Core §2). Single
+    sign-on finds a returning person by it, never by a name the provider lets people change,
+    so renaming oneself at the provider cannot reach another person's account here
+    (config/oidc.py)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity"
+    )
+    issuer = models.CharField(max_length=500)
+    subject = models.CharField(max_length=255, help_text="The provider's sub claim")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="fleet_sso_identity")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: {self.subject} at {self.issuer}"

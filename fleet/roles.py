@@ -24,13 +24,24 @@ def roles_sync(**_: Any) -> None:
 
 def role_assign(*, user: Any, role: str) -> None:
     """Put a user in exactly one role group; admins also get the Django admin site."""
-    from django.contrib.auth.models import Group
-
     if role not in ROLE_PERMISSIONS:
         raise ValueError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
     roles_sync()
+    _role_set(user=user, role=role)
+
+
+def role_clear(*, user: Any) -> None:
+    """Take a user out of every role group (no page, no API): single sign-on does this when
+    the identity provider's groups no longer give the user a role (config/oidc.py)."""
+    _role_set(user=user, role=None)
+
+
+def _role_set(*, user: Any, role: str | None) -> None:
+    from django.contrib.auth.models import Group
+
     user.groups.remove(*Group.objects.filter(name__in=ROLES))
-    user.groups.add(Group.objects.get(name=role))
+    if role is not None:
+        user.groups.add(Group.objects.get(name=role))
     user.is_staff = role == "admin"
     user.is_superuser = role == "admin"
     user.save(update_fields=["is_staff", "is_superuser"])

@@ -51,6 +51,8 @@ INSTALLED_APPS = [
     "telemetry",
     "billing",
     "alerts",
+    # The project's own start-up checks (config/apps.py): the single sign-on settings.
+    "config.apps.ProjectConfig",
 ]
 
 MIDDLEWARE = [
@@ -246,6 +248,8 @@ NUM_PROXIES = env_int("NUM_PROXIES", 0)
 AUTHENTICATION_BACKENDS = [
     "config.auth.LoginLockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
+    # Single sign-on's callback only (config/oidc.py); idle while OIDC_ISSUER is unset.
+    "config.oidc.SsoBackend",
 ]
 # The counts live in the database (not the cache): the brake holds while Redis is down.
 AXES_HANDLER = "config.auth.LoginLockoutHandler"
@@ -261,6 +265,24 @@ AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_DISABLE_ACCESS_LOG = True
 # No version banner on every process start; failures and lockouts are still logged.
 AXES_VERBOSE = False
+
+# Single sign-on with OpenID Connect (config/oidc.py, docs/deploy.md "Single sign-on (OIDC)").
+# Unset OIDC_ISSUER: none. Endpoints and keys come from <issuer>/.well-known/openid-configuration,
+# read at the first sign-in, not at start-up (a start never waits for the provider).
+OIDC_ISSUER = env_str("OIDC_ISSUER", "").strip()
+OIDC_CLIENT_ID = env_str("OIDC_CLIENT_ID", "").strip()
+try:
+    OIDC_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "").strip()
+except OSError as exc:  # OIDC_CLIENT_SECRET_FILE names a file that cannot be read
+    raise ImproperlyConfigured(f"OIDC_CLIENT_SECRET_FILE: cannot read it ({exc})") from exc
+OIDC_SCOPES = env_str("OIDC_SCOPES", "openid email profile")
+# The claim holding the user's groups, and which of its values give which role (the highest
+# role any entry gives wins; "*" gives its role to everyone the provider signs in).
+OIDC_ROLE_CLAIM = env_str("OIDC_ROLE_CLAIM", "groups").strip()
+OIDC_ROLE_MAP = env_str("OIDC_ROLE_MAP", "gpu-admins:admin,finops:finance,*:viewer")
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "SSO").strip() or "SSO"
+# 0: no password form, every password login refused (break-glass: manage.py login_link).
+LOCAL_LOGIN = env_bool("LOCAL_LOGIN", True)
 
 # --- Internationalisation -------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

@@ -132,6 +132,8 @@ def _inventory(
 
 
 TABLE: dict[str, list[Check]] = {
+    # The site's icon, for pages that name none (the weekly email's preview): a redirect.
+    "favicon.ico": [Check("GET", "/favicon.ico", _all(302))],
     "healthz": [Check("GET", "/healthz", PUBLIC)],
     "readyz": [Check("GET", "/readyz", PUBLIC)],
     "metrics": [Check("GET", "/metrics", METRICS)],
@@ -141,6 +143,15 @@ TABLE: dict[str, list[Check]] = {
         Check("GET", "/accounts/logout/", _all(405)),
         Check("POST", "/accounts/logout/", _all(302)),
     ],
+    # Break-glass login links (manage.py login_link): a token that is not one is refused.
+    "accounts/login-link/<str:token>/": [
+        Check("GET", "/accounts/login-link/not-a-token/", _all(403)),
+        Check("POST", "/accounts/login-link/not-a-token/", _all(403)),
+    ],
+    # Single sign-on (config/oidc.py): absent while OIDC_ISSUER is unset, as here
+    # (tests/e2e/test_oidc.py signs in through a real provider).
+    "oidc/authenticate/": [Check("GET", "/oidc/authenticate/", _all(404))],
+    "oidc/callback/": [Check("GET", "/oidc/callback/?code=x&state=y", _all(404))],
     "admin/": [
         Check("GET", "/admin/", ADMIN_SITE),
         Check("GET", "/admin/fleet/node/", ADMIN_SITE),
