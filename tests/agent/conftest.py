@@ -8,9 +8,12 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from . import procfs as pf
 
 
 class IngestServer:
@@ -169,3 +172,14 @@ def ingest() -> Iterator[IngestServer]:
     yield srv
     srv.release.set()
     srv.down()
+
+
+# A fake /proc and kubelet pod-log tree per test (tests/agent/procfs.py).
+@pytest.fixture
+def proc(tmp_path: Path) -> pf.FakeProc:
+    return pf.FakeProc(tmp_path / "proc")
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> pf.FakePodLogs:
+    return pf.FakePodLogs(tmp_path / "pods")

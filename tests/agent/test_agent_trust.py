@@ -23,32 +23,16 @@ from telemetry.agent.workloads import (
     Allocation,
     AllocationDir,
     Discovery,
-    ProcResolver,
     allocation_parse,
     cgroup_owner,
 )
 
 from . import procfs as pf
+from .test_agent_workloads import resolver
 
 GPUS = {"GPU-aaaa": 0, "GPU-bbbb": 1}
 # a bounded check that a call returns at all (before the fixes it never did), not a timing gate
 RETURNS_WITHIN_S = 5.0
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> pf.FakeProc:
-    return pf.FakeProc(tmp_path / "proc")
-
-
-@pytest.fixture
-def pods(tmp_path: Path) -> pf.FakePodLogs:
-    return pf.FakePodLogs(tmp_path / "pods")
-
-
-def resolver(proc: pf.FakeProc, **kw: Any) -> ProcResolver:
-    # kubelet's pod log directory beside the fake /proc (made by the pods fixture, where used)
-    kw.setdefault("pod_log_root", str(proc.root.parent / "pods"))
-    return ProcResolver(str(proc.root), users=pf.user_name, **kw)
 
 
 class Allocs:

@@ -63,16 +63,6 @@ def test_a_job_outranks_a_pod_and_a_pod_its_containers() -> None:
     assert cgroup_owner(pf.K8S_SYSTEMD) == ("k8s", pf.POD_UID)
 
 
-@pytest.fixture
-def proc(tmp_path: Path) -> pf.FakeProc:
-    return pf.FakeProc(tmp_path / "proc")
-
-
-@pytest.fixture
-def pods(tmp_path: Path) -> pf.FakePodLogs:
-    return pf.FakePodLogs(tmp_path / "pods")
-
-
 def resolver(proc: pf.FakeProc, **kw: Any) -> ProcResolver:
     # kubelet's pod log directory beside the fake /proc (made by the pods fixture, where used)
     kw.setdefault("pod_log_root", str(proc.root.parent / "pods"))

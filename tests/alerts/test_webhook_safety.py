@@ -17,22 +17,15 @@ from django.conf import settings as django_settings
 
 from alerts import egress, services
 from alerts.models import FAILED, SENT, Alert, Delivery
-from alerts.services import alerts_evaluate
 from fleet.services import FleetFileError
-from tests.alerts.conftest import SECRET, at, rules_apply
-
-NOW = at("2026-03-02T20") + dt.timedelta(minutes=5)  # the worked example's GPU held 6 h
+from tests.alerts.conftest import SECRET, rules_apply
+from tests.alerts.test_delivery import NOW, evaluate
 
 
 def held_rule(*notify: str) -> None:
     rules_apply(
         {"name": "held-idle", "rule": "gpu_held_hours", "threshold": 4, "notify": list(notify)}
     )
-
-
-def evaluate(capture: Any, now: dt.datetime = NOW) -> Any:
-    with time_machine.travel(now, tick=False), capture(execute=True):
-        return alerts_evaluate()
 
 
 # --- Slack markup in names -------------------------------------------------------------------

@@ -296,6 +296,18 @@ def proxy() -> Iterator[Callable[[tuple[str, int]], TcpProxy]]:
 
 
 # --- gunicorn ---------------------------------------------------------------------------------
+def process_group_stop(proc: subprocess.Popen[Any]) -> None:
+    """Stop a server or worker started in its own process group: SIGTERM (a clean shutdown),
+    SIGKILL after 15 s. Its children go with it."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
 class Gunicorn:
     """The real WSGI app in gunicorn on 127.0.0.1:``port``; ``stop()``/``start()`` keep the port."""
 
@@ -350,13 +362,8 @@ class Gunicorn:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            process_group_stop(self.proc)
         self.proc = None
 
     def output(self) -> str:

@@ -49,6 +49,7 @@ from tests.reliability.conftest import (
     database_address,
     db_url_for_test,
     post,
+    process_group_stop,
     server_env,
     wait_for,
 )
@@ -541,13 +542,7 @@ def test_redis_down_ingest_works_and_rollups_catch_up(
         wait_for(rolled_up, "the rollup after Redis returned", timeout=60)
         assert rollups() == clean_rollups()
     finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(timeout=10)
+        process_group_stop(worker)
         sender.close()
         client = redis.Redis.from_url(redis_url)
         client.delete(queue, f"_kombu.binding.{queue}")

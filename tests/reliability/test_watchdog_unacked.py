@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +24,13 @@ from django.utils import timezone
 
 from config.celery import worker_argv
 from config.watchdog import EXIT_STUCK, WatchState
-from tests.reliability.conftest import ROOT, db_url_for_test, server_env, wait_for
+from tests.reliability.conftest import (
+    ROOT,
+    db_url_for_test,
+    process_group_stop,
+    server_env,
+    wait_for,
+)
 from tests.reliability.lossy_worker import LOSE
 
 HOUR = 3600
@@ -119,13 +123,7 @@ def test_a_message_lost_to_the_unacked_set_is_put_back_and_run_within_a_minute(
         if not exits:  # the same worker ran it once put back, then shut down
             exits.append(worker.wait(timeout=30))
     finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(timeout=10)
+        process_group_stop(worker)
         sender.close()
         client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
     output = log.read_text(errors="replace")
