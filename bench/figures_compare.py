@@ -2,6 +2,7 @@
 code on one database: a refactoring must leave each value identical (Decimal exact).
 
     DATABASE_URL=postgres://…/<db> python bench/figures_compare.py build [--gpus 1000] [--days 90]
+    cd <checkout> && DATABASE_URL=… python <this file> late
     cd <checkout> && DATABASE_URL=… python <this file> dump --out before.json [--repeat 5]
         (--repeat 0: no timings)
     cd <checkout> && DATABASE_URL=… python <this file> time --out times.jsonl [--repeat 9]
@@ -13,6 +14,11 @@ nodes of 8, six pools, three sites, four teams, ``--days`` of hourly rollups), t
 it so every path of the selectors runs: the GPUs of one node end their depreciation inside
 the window (split hour), those of another are retired mid-window, another node has no pool
 (no cost profile, no site: not priced) and one GPU has no model.
+
+``late`` closes the window's first two whole months with the checkout's code, then makes
+late data for them (rewritten hours, GPUs moved to another node, a repriced profile): a
+checkout that books late data when it is written must give the figures one that works it
+out on each read gave (its booking run first: ``manage.py adjust_closed``).
 
 ``dump`` imports the project from the current directory (run it from the checkout whose code
 is measured), so the same file measures two checkouts on the same data. It fixes ``now`` at
@@ -96,6 +102,44 @@ def build(args: argparse.Namespace) -> int:
     Gpu.objects.filter(pk=Gpu.objects.order_by("-id").values("pk")[:1]).update(model=None)
     daily_usage_ensure()  # the daily table in the report zone (UTC), as the app keeps it
     print(f"built in {time.perf_counter() - t0:.0f} s: {args.gpus} GPUs × {args.days} days")
+    return 0
+
+
+def late(args: argparse.Namespace) -> int:
+    """Close the window's first two whole months, then make late data for them: rewritten
+    hours (more energy and air for 40 GPUs on one day of each), a node's GPUs moved to
+    another node (their offline hours go elsewhere now) and an owned profile repriced.
+    Runs the checkout's own code (the current directory), as ``dump`` does."""
+    _setup(Path.cwd())
+    from django.db.models import F
+
+    from billing.models import CostProfile
+    from billing.month_close import month_close
+    from fleet.models import Gpu, Node
+    from telemetry.models import HourlyUsage
+
+    start, _, now = _window()
+    first = (
+        start if start.day == 1 else (start.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+    )
+    second = (first.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+    for month in (first, second):
+        print(month_close(month=month, by="bench", now=now).message)
+    ids = list(Gpu.objects.order_by("id").values_list("id", flat=True)[40:80])
+    for month in (first, second):
+        day = dt.datetime.combine(month + dt.timedelta(days=9), dt.time(), tzinfo=dt.UTC)
+        HourlyUsage.objects.filter(
+            gpu_id__in=ids, hour__gte=day, hour__lt=day + dt.timedelta(days=1)
+        ).update(energy_j=F("energy_j") * 1.5, air_s=F("observed_s"))
+    nodes = list(Node.objects.exclude(pool=None).order_by("id")[3:5])
+    for gpu in Gpu.objects.filter(node=nodes[0]):
+        gpu.node = nodes[1]
+        gpu.save()
+    profile = CostProfile.objects.filter(kind="owned").order_by("id").first()
+    assert profile is not None and profile.purchase_price is not None
+    profile.purchase_price = profile.purchase_price * 11 / 10
+    profile.save()
+    print(f"late data for {first:%Y-%m} and {second:%Y-%m}")
     return 0
 
 
@@ -355,6 +399,7 @@ def main() -> int:
     p = sub.add_parser("build")
     p.add_argument("--gpus", type=int, default=1000)
     p.add_argument("--days", type=int, default=90)
+    sub.add_parser("late")
     p = sub.add_parser("dump")
     p.add_argument("--out", required=True)
     p.add_argument("--repeat", type=int, default=5)
@@ -371,7 +416,8 @@ def main() -> int:
         "order, e.g. per price class); default: every value identical",
     )
     args = parser.parse_args()
-    return {"build": build, "dump": dump, "time": time_only, "compare": compare}[args.command](args)
+    commands = {"build": build, "late": late, "dump": dump, "time": time_only, "compare": compare}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ after one warm-up, wall and this process's CPU milliseconds, of:
 - the fleet load (``loading._load``: settings, names, cost profiles, every GPU and its
   rates), with a digest of what it loaded (every GPU's info and the node names, by
   ``repr``): two checkouts that load the same fleet print the same digest;
-- each closed month's late-data check (``closing._unmoved_gpus`` of its whole GPUs), with
-  the number of GPUs it finds unmoved and a digest of them.
+- each closed month's booking computation (``closing.late_data_of``: the month recomputed
+  per GPU and day less its frozen rows and the adjustments booked: what the task does per
+  stale month), with the number of rows it would book and a digest of them.
 
 A page's own timings (``bench/dashboard.py``, ``bench/pages_turn.py``) vary by tens of
 percent on a shared machine; a stage alone, in turn, shows a change of a few percent of a
@@ -63,7 +64,6 @@ def main() -> int:
 
     from billing.models import MonthClose
     from billing.selectors import closing, loading
-    from billing.selectors.calendar import month_after
     from billing.selectors.types import Filters
     from telemetry.models import HourlyUsage
 
@@ -78,20 +78,15 @@ def main() -> int:
     wall, cpu, loaded = timed(load, args.repeat)
     fleet = digest((sorted(loaded.gpus.items()), sorted(loaded.names.nodes.items())))
     print(f"  load          {wall:7.1f} ms wall {cpu:7.1f} ms CPU  {len(loaded.gpus)} GPUs {fleet}")
-    months = MonthClose.objects.filter(closed=True).order_by("month")
-    for month in months.values_list("month", flat=True):
-        month_loaded = loading._load(
-            start=month, end=month_after(month), filters=Filters(), now=now
-        )
-        whole = closing._whole_month_gpus(month, month_loaded, Filters())
+    for close in MonthClose.objects.filter(closed=True).order_by("month"):
 
-        def check(month: dt.date = month, loaded: Any = month_loaded, whole: Any = whole) -> Any:
-            return closing._unmoved_gpus(month, loaded, whole)
+        def book(close: Any = close) -> Any:
+            return closing.late_data_of(close, now=now)[0]
 
-        wall, cpu, unmoved = timed(check, args.repeat)
+        wall, cpu, late = timed(book, args.repeat)
         print(
-            f"  unmoved {month:%Y-%m} {wall:7.1f} ms wall {cpu:7.1f} ms CPU  "
-            f"{len(unmoved)} of {len(whole)} GPUs {digest(sorted(unmoved))}"
+            f"  book {close.month:%Y-%m}    {wall:7.1f} ms wall {cpu:7.1f} ms CPU  "
+            f"{len(late)} rows to book {digest(sorted(repr(s.sums) for s in late))}"
         )
     return 0
 

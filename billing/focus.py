@@ -226,9 +226,7 @@ def _chunk_charges(
     cost_centers: dict[int, str],
     scopes: dict[str, str],
 ) -> list[FocusCharge]:
-    computation = compute(
-        start=start, end=end, period="day", filters=Filters(), now=now, adjust_days=True
-    )
+    computation = compute(start=start, end=end, period="day", filters=Filters(), now=now)
     names = computation.names
     # Per GPU, day, stored attribution (and, for late data of a closed month, the day it
     # adjusts): the segments' hours and money summed by the selectors' own accumulator, so

@@ -136,7 +136,8 @@ class WorkloadTeamRule(models.Model):
 class MonthClose(models.Model):
     """One month's close (docs/finance.md): while ``closed``, every figure of the month comes
     from its ``ClosedSegment`` rows, whatever data arrives late; the difference late data
-    makes is booked as an adjustment in the first open month after it.
+    makes is booked when it is written (``billing.adjustments``) as adjustment rows of this
+    close in the first open month after it.
 
     ``month`` is the first day of the month in the report time zone. Who closed it last and
     when is kept here; every close and reopen (admins, with a reason) is recorded as a
@@ -152,21 +153,6 @@ class MonthClose(models.Model):
     # Whether the close stored its day rows by price class too (``ClosedClassDay``; on
     # PostgreSQL, where pages read by class): readers sum its day rows themselves otherwise.
     by_class = models.BooleanField(default=False)
-    # PostgreSQL: the oldest transaction still running when the close began reading
-    # (``pg_snapshot_xmin``, an xid8) and the cluster's system identifier. A monthly row
-    # last written by an older transaction was seen by the close as it is, so a page that
-    # looks for the month's late data need not compare its sums (``closing._unmoved_gpus``);
-    # null elsewhere, and for closes made before these were kept.
-    snapshot_xmin = models.BigIntegerField(null=True, blank=True)
-    snapshot_system = models.BigIntegerField(null=True, blank=True)
-    # What the close's figures of each GPU depended on beside its rollup rows, as the close
-    # loaded it (``closing.close_state``): per GPU an 8-byte digest of its attribution,
-    # service dates, depreciation, rates and kind (packed: GPU id, digest), and each site's
-    # terms. A page that looks for the month's late data spares a GPU whose digest and sites'
-    # terms are the same now and whose monthly rows nothing wrote since (issue 19); empty
-    # for closes made before these were kept (compared as before).
-    gpu_states = models.BinaryField(default=b"", blank=True, editable=False)
-    site_terms = models.JSONField(default=dict, blank=True, editable=False)
 
     class Meta:
         ordering = ["-month"]
@@ -224,8 +210,8 @@ class ClosedFigures(UsageSums):
     pue = models.CharField(max_length=80, default="1")
     price_per_kwh = models.CharField(max_length=80, default="0")
     grid_g_per_kwh = models.CharField(max_length=80, default="0")
-    # Set on the adjustment a closed month carried for late data of an earlier closed
-    # month: the day it corrects (so that adjustment is not booked a second time).
+    # Set on an adjustment (late data booked for a closed month): the day it corrects; its
+    # ``day`` is then the first day of the month it is booked in.
     adjusts = models.DateField(null=True, blank=True)
 
     class Meta:
@@ -251,6 +237,8 @@ class ClosedSegment(ClosedFigures):
     # the month rows with these, not every day row (issue 19). Null on day rows and
     # adjustments, and on month rows of closes made before it was kept outside PostgreSQL.
     days = models.IntegerField(null=True, blank=True)
+    # When an adjustment was booked (``billing.adjustments``); null on the close's own rows.
+    booked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -264,9 +252,9 @@ class ClosedSegment(ClosedFigures):
                 condition=models.Q(adjusts__isnull=True, whole_month=False),
                 name="billing_closedseg_day_keys",
             ),
-            # The rows a read of whole closed months takes (``closing._closed_run``): the
-            # month rows and the adjustments carried, 1 in 30 of the rows at most, without
-            # scanning the day rows beside them.
+            # The rows a read of whole closed months takes (``closing._closed_run``), and the
+            # adjustments booked in a range: 1 in 30 of the rows at most, without scanning
+            # the day rows beside them.
             models.Index(
                 fields=["day"],
                 condition=models.Q(whole_month=True) | models.Q(adjusts__isnull=False),
@@ -278,9 +266,25 @@ class ClosedSegment(ClosedFigures):
         return f"{self.gpu_id} {self.day}"
 
 
+class ClosedMonthStale(models.Model):
+    """A closed month whose figures something changed since its adjustments were last booked
+    (docs/finance.md): late rollup rows of its hours (marked by triggers on the hourly
+    table, whatever writes them), a change of cost profile, site terms, attribution or
+    service dates (marked by ``billing.signals``). ``billing.adjustments.adjust_closed``
+    books the difference and removes the mark, unless it was marked again meanwhile
+    (``token`` changed): then the next run books what came since."""
+
+    month = models.DateField(unique=True)
+    token = models.CharField(max_length=64)
+    marked_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.month:%Y-%m} stale since {self.marked_at:%Y-%m-%d %H:%M}"
+
+
 class ClosedClassDay(ClosedFigures):
-    """A closed month's day rows (``ClosedSegment``, not its month rows) summed per day,
-    price class, attribution (no node), terms and corrected day, as the close stored them:
+    """A closed month's own day rows (``ClosedSegment``, not its month rows nor adjustments)
+    summed per day, price class, attribution (no node) and terms, as the close stored them:
     what a page reading closed days by price class (the overview's trend, a team's days)
     sums, a few rows a day instead of one per GPU (issue 19). The class is what prices a
     frozen row beside its stored terms, as the GPUs had it at the close: their model and its

@@ -1,4 +1,5 @@
-"""Celery tasks of billing: thin wrappers over ``billing.report`` (HackSoft style).
+"""Celery tasks of billing: thin wrappers over ``billing.report`` and ``billing.month_close``
+(HackSoft style).
 
 Declared defensively (PostHog style): ``acks_late`` with ``reject_on_worker_lost`` so a worker
 killed mid-task leaves the message to be redelivered; ``expires`` so a backlog of hourly runs
@@ -49,3 +50,22 @@ def focus_export_task(export_id: int) -> str:
     from billing.focus_exports import focus_export_build
 
     return focus_export_build(export_id=export_id)
+
+
+@shared_task(  # type: ignore[untyped-decorator]
+    name="billing.tasks.adjust_closed_task",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    expires=280,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=30,
+    max_retries=3,
+    ignore_result=True,
+)
+def adjust_closed_task() -> str:
+    """Beat: every 5 minutes. Books the late data of the closed months marked stale
+    (``billing.month_close.adjust_closed``); a row lock on each close makes an overlapping
+    run book nothing twice."""
+    from billing.month_close import adjust_closed
+
+    return adjust_closed().message

@@ -57,6 +57,13 @@ app.conf.beat_schedule = {
         "schedule": crontab(minute=5),
         "options": {"expires": 3000},
     },
+    # Late data for closed months, booked when it is written (DESIGN.md §9.1): the months
+    # marked stale since the last run (billing.month_close.adjust_closed).
+    "adjust-closed": {
+        "task": "billing.tasks.adjust_closed_task",
+        "schedule": 300.0,
+        "options": {"expires": 280},
+    },
     # Beside it, each workload user's digest of last week (alerts.digest), once per user.
     "digests": {
         "task": "alerts.tasks.digests_task",

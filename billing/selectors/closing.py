@@ -1,14 +1,17 @@
-"""Closed months (docs/finance.md): frozen figures and the adjustments late data makes.
+"""Closed months (docs/finance.md, DESIGN.md §9.1): frozen figures and the adjustments late
+data made.
 
-A closed month's figures come from the segments stored at its close (``ClosedSegment``),
-priced with the terms stored with them, never from the rollups, so late data cannot move
-them. What late data changes (the month computed now, less what was frozen) is booked in the
-first month after it that is open, as segments marked ``adjusts``: the live segments of the
-closed month plus its frozen segments negated. Every figure is linear in the segments' sums
-and offline hours, so summing the two is the difference, through the same accumulator.
+A closed month's figures come from the rows stored at its close (``ClosedSegment``), priced
+with the terms stored with them, never from the rollups, so late data cannot move them. What
+late data changes is booked when it is written (``billing.adjustments``): the month computed
+now less its frozen rows and the adjustments booked for it already (``late_data_of``),
+stored as rows of its close marked ``adjusts`` in the first open month. Every figure is
+linear in the rows' sums and offline hours, so the difference is priced by the same
+accumulator. Readers take frozen rows + stored adjustments + open months (``compute``); none
+of them looks for late data.
 
 ``compute`` has ``_compute``'s signature and gives its computation unchanged when no closed
-month touches the query (one small query to find that out).
+month or adjustment touches the query (one small query to find that out).
 """
 
 from __future__ import annotations
@@ -16,10 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-import hashlib
 import json
-from array import array
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from operator import itemgetter, neg
@@ -27,16 +27,15 @@ from typing import Any
 
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection
-from django.db.models import DateField, F, FloatField, Q, QuerySet, Sum, TextField
+from django.db.models import DateField, F, FloatField, Min, Q, QuerySet, Sum, TextField
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, TruncMonth
 
 from billing import cost_model as cm
 from billing.models import ClosedClassDay, ClosedSegment, MonthClose
-from billing.selectors.calendar import _bucket_key, _buckets, _local_midnight, month_after
+from billing.selectors.calendar import _bucket_key, _buckets, month_after
 from billing.selectors.literals import array_literal, by_id
-from billing.selectors.loading import _load, _Loaded, _loaded_within
-from billing.selectors.pooled import _phase_outside
+from billing.selectors.loading import _load, _Loaded
 from billing.selectors.sums import _compute, _segment_kept
 from billing.selectors.types import (
     Filters,
@@ -106,7 +105,6 @@ def frozen_segments(
     filters: Filters,
     bucket: Callable[[dt.date], _Bucket] | _Bucket,
     sign: int = 1,
-    adjusts: dt.date | None = None,
     by_class: bool = False,
     days: tuple[dt.date, dt.date] | None = None,
     period: str = "day",
@@ -118,15 +116,15 @@ def frozen_segments(
     per ISO week or month with ``period`` "week" or "month", in SQL: the rows a page by week
     reads are 7 times fewer), or the one bucket of them all (summed over their days).
 
-    ``sign`` 1: as stored (an adjustment a closed month carried stays one, for its day);
-    -1: negated, as the frozen part of a new adjustment: for ``adjusts`` (the closed month,
-    as the costs rows book it), or without it for each row's own day (per day: a FOCUS
-    file's and a close's corrections).
+    ``sign`` 1: as stored (an adjustment stays one, for the day it corrects where
+    ``period`` is "day", else for that day's month: summed over its days in SQL); -1:
+    negated per day, as the frozen part of what is still to book (``late_data_of``), each
+    row for its own day or the day it corrects.
 
     ``days`` (start, end): ``where`` selects the day rows of those closed days and nothing
     else; by class, their stored class rows are read instead where they can stand for them
     (``_class_day_rows``)."""
-    per_day = not isinstance(bucket, _Bucket) or (sign < 0 and adjusts is None)
+    per_day = not isinstance(bucket, _Bucket) or sign < 0
     by_class = by_class and connection.vendor == "postgresql" and bool(loaded.gpus)
     keys = [*(_AT[1:] if by_class else _AT), *_TERMS]
     rows = ClosedSegment.objects.filter(where, close__closed=True)
@@ -136,8 +134,11 @@ def frozen_segments(
         keys.append("bucket_day")
     elif per_day:
         keys.append("day")
-    if sign > 0 or adjusts is None:
-        keys.append("adjusts")
+    carried_key = "adjusts"
+    if sign > 0 and period != "day":  # a row adjusts a month: summed over its days
+        rows = rows.annotate(adjusts_month=TruncMonth("adjusts"))
+        carried_key = "adjusts_month"
+    keys.append(carried_key)
     if filters.models or filters.gpus:  # few GPUs: the others' rows are not read
         rows = rows.filter(gpu_id__in=list(loaded.gpus))
     sums: dict[str, Any] = {f"s_{f}": Cast(Sum(f), FloatField()) for f in _SUM_FIELDS}
@@ -204,7 +205,7 @@ def frozen_segments(
                 grid_g_per_kwh=Decimal(terms[3]),
             )
         day = row.get("day")
-        carried = row.get("adjusts")
+        carried = row.get(carried_key)
         values = _S_VALUES(row)
         if None in values:  # never (sums of stored columns), but 0 would stand for it
             values = tuple(v or 0.0 for v in values)
@@ -219,7 +220,7 @@ def frozen_segments(
             sums=dict(zip(_SUM_FIELDS, values if sign > 0 else map(neg, values), strict=True)),
             offline_h=sign * (row["s_offline_h"] or Decimal(0)),
             site_terms=site_terms,
-            adjusts=carried if sign > 0 else (adjusts or carried or day),
+            adjusts=carried if sign > 0 else (carried or day),
             # Negated, a class's GPUs have no capacity in it (as one GPU's own sign says).
             # A set already (``_class_day_rows``: shared, read only) is taken as it is.
             gpu_ids=(
@@ -315,7 +316,7 @@ SELECT s.close_id, {s_keys}, m.max_power_w, m.idle_power_w, coalesce(m.key, ''),
                           '[]'::jsonb) END
 FROM billing_closedsegment s JOIN fleet_gpu g ON g.id = s.gpu_id
 LEFT JOIN fleet_gpumodel m ON m.id = g.model_id
-WHERE s.close_id = %(close)s AND NOT s.whole_month
+WHERE s.close_id = %(close)s AND NOT s.whole_month AND s.adjusts IS NULL
 GROUP BY s.close_id, {s_keys}, m.max_power_w, m.idle_power_w, m.key, m.name
 """
 _CLASS_DAY_KEYS = ("day", "adjusts", *_AT[1:], *_TERMS)
@@ -413,22 +414,28 @@ def segment_columns(segment: _Segment, computation: _Computation) -> dict[str, A
     }
 
 
+def _adjustments_in(start: dt.date, end: dt.date) -> Q:
+    """The adjustments booked in [start, end): an adjustment's ``day`` is the first day of
+    the month it is booked in, its ``adjusts`` the closed day it corrects."""
+    return Q(adjusts__isnull=False, day__gte=start, day__lt=end)
+
+
 def _closes(
     start: dt.date, end: dt.date, closed: dict[dt.date, int] | None = None
-) -> tuple[dict[dt.date, int], dict[dt.date, dt.date], list[tuple[dt.date, dt.date, bool]]]:
-    """The closed months (``closed``, where the caller read them already); those whose late
-    data is booked in [start, end) → the day it is booked on (the first day of the booking
-    month); and [start, end) in open and closed runs."""
+) -> tuple[dict[dt.date, int], bool, list[tuple[dt.date, dt.date, bool]]]:
+    """The closed months (``closed``, where the caller read them already); whether any
+    adjustment is booked in [start, end); and [start, end) in open and closed runs."""
     closed = closed_months() if closed is None else closed
-    bookings = {m: booking_month(m, closed) for m in closed}
-    booked_here = {m: b for m, b in bookings.items() if start <= b < end}
-    return closed, booked_here, list(_runs(start, end, closed))
+    booked = bool(closed) and (
+        ClosedSegment.objects.filter(_adjustments_in(start, end), close__closed=True).exists()
+    )
+    return closed, booked, list(_runs(start, end, closed))
 
 
 @dataclasses.dataclass(frozen=True)
 class BucketCloses:
     """How the closes touch the buckets of [start, end): ``touched``: a closed month lies in
-    the range or books its late data there (the figures are not the live computation's
+    the range or an adjustment is booked there (the figures are not the live computation's
     alone); ``shut[i]``: bucket ``i`` lies wholly in closed months (the
     others have no closed day); ``runs``: the closed stretches ``(from, to)`` of the range;
     ``close_ids``: the closes of the months closed now."""
@@ -448,7 +455,7 @@ def bucket_closes(
     """The closes of the buckets of [start, end), or None where a bucket lies partly in a
     closed month (a week or the whole range across a close's edge). ``closed``: the closed
     months, where the caller read them already."""
-    closed, booked_here, runs = _closes(start, end, closed)
+    closed, booked, runs = _closes(start, end, closed)
     shut = []
     for bucket in buckets:
         day, last = bucket.local_start.date(), bucket.local_end.date()
@@ -461,11 +468,72 @@ def bucket_closes(
         shut.append(kinds == {True})
     stretches = [(first, to) for first, to, is_closed in runs if is_closed]
     return BucketCloses(
-        touched=bool(booked_here) or bool(stretches),
+        touched=booked or bool(stretches),
         shut=shut,
         runs=stretches,
         close_ids=sorted(closed.values()),
     )
+
+
+def _bucket_of(
+    start: dt.date, end: dt.date, period: str, zone: dt.tzinfo
+) -> tuple[list[_Bucket], Callable[[dt.date], _Bucket] | _Bucket]:
+    """The buckets of [start, end), and how a stored row finds its own: by its day, or the
+    one bucket of period "all"."""
+    buckets = _buckets(start, end, period, zone)
+    if period == "all":
+        return buckets, buckets[0]
+    by_key = {b.key: b for b in buckets}
+    return buckets, lambda day: by_key[_bucket_key(day, period, start)]
+
+
+def booked_segments(
+    *,
+    start: dt.date,
+    end: dt.date,
+    period: str,
+    filters: Filters,
+    loaded: _Loaded,
+    by_class: bool = False,
+) -> list[_Segment]:
+    """The adjustments booked in [start, end) (late data of closed months, stored when it
+    was written: ``billing.adjustments``), each in the bucket of the day it is booked on,
+    per GPU (or price class), attribution, terms and the day it corrects (by day) or that
+    day's month (by any longer period: a row adjusts a month)."""
+    _, bucket = _bucket_of(start, end, period, loaded.zone)
+    where = _adjustments_in(start, end)
+    return frozen_segments(
+        where=where,
+        loaded=_with_gpus_of(where, loaded, filters),
+        filters=filters,
+        bucket=bucket,
+        by_class=by_class,
+        period=period,
+    )
+
+
+def _with_gpus_of(where: Q, loaded: _Loaded, filters: Filters) -> _Loaded:
+    """``loaded`` with the GPUs of the adjustments ``where`` selects that it lacks: a GPU
+    retired before the range still has its late data booked in it."""
+    rows = ClosedSegment.objects.filter(where, close__closed=True)
+    missing = set(rows.values_list("gpu_id", flat=True).distinct()) - loaded.gpus.keys()
+    if not missing:
+        return loaded
+    rows = rows.filter(gpu_id__in=missing)
+    first = rows.aggregate(first=Min("adjusts"))["first"]
+    uuids = set(rows.values_list("gpu__uuid", flat=True).distinct())
+    if filters.gpus:
+        uuids &= set(filters.gpus)
+    if not uuids:
+        return loaded
+    more = _load(
+        start=first,
+        end=first + dt.timedelta(days=1),
+        filters=dataclasses.replace(filters, gpus=tuple(sorted(uuids))),
+        now=loaded.now,
+    )
+    loaded.names.nodes.update(more.names.nodes)
+    return dataclasses.replace(loaded, gpus={**more.gpus, **loaded.gpus})
 
 
 def compute(
@@ -478,25 +546,13 @@ def compute(
     pooled: bool = False,
     loaded: _Loaded | None = None,
     by_class: bool = False,
-    adjust_days: bool = False,
-    adjustments_only: bool = False,
-    whole: tuple[dt.date, _Loaded] | None = None,
 ) -> _Computation:
-    """``_compute``, with closed months frozen and their late data booked as adjustments
-    (``by_class`` for the open months' own figures and the closed months' alike).
-
-    An adjustment ``adjusts`` its closed month (its first day: the costs rows name the
-    month), or with ``adjust_days`` each day it corrects (a FOCUS file's corrections, a
-    close's carried adjustments), which finds the late data per GPU and day.
-    ``adjustments_only``: the adjustments alone (those booked in the range, and those the
-    closed months in it carried), what a count of the rows cannot tell without them
-    (``counting.bucket_counts``). ``whole``: (its first day, the load) of a range this one
-    is a part of, with the same filters: a month whose late data is booked here takes its
-    GPUs from it where the month lies in that range (as from ``loaded`` where it lies in
-    this one), not from a load of its own."""
-    closed, booked_here, runs = _closes(start, end)
-    untouched = not booked_here and all(not is_closed for _, _, is_closed in runs)
-    if untouched and not adjustments_only:
+    """``_compute``, with closed months' frozen rows standing for their days and the
+    adjustments booked in the range added (``by_class`` for the open months' own figures
+    and the closed months' alike). Nothing here looks for late data: it was booked when it
+    was written."""
+    closed, booked, runs = _closes(start, end)
+    if not booked and all(not is_closed for _, _, is_closed in runs):
         return _compute(
             start=start,
             end=end,
@@ -509,15 +565,13 @@ def compute(
         )
     loaded = loaded or _load(start=start, end=end, filters=filters, now=now)
     now = loaded.now
-    all_buckets = _buckets(start, end, period, loaded.zone)
-    by_key = {b.key: b for b in all_buckets}
+    all_buckets, bucket_of = _bucket_of(start, end, period, loaded.zone)
 
     def bucket_for(day: dt.date) -> _Bucket:
-        return by_key[_bucket_key(day, period, start)]
+        return bucket_of if isinstance(bucket_of, _Bucket) else bucket_of(day)
 
-    booked: list[_Segment] = []  # the late data's segments, after the stretches'
     base: _Computation | None = None
-    additive = True  # the closed days and the late data add up over any buckets
+    additive = True  # the closed days and the adjustments add up over any buckets
     pooled_gpus: dict[tuple[dt.date, dt.date], set[int]] = {}
     # The open stretches around closed months read together where the rows are per GPU
     # (period "all"): one statement and a segment per GPU and attribution, not one per
@@ -542,82 +596,40 @@ def compute(
 
     # Each stretch's segments, in the stretches' order: the closed ones' frozen segments, and
     # the open ones' computations, the first of them read beside (on a second connection,
-    # while the frozen segments and the late data are read here) and taken last.
+    # while the frozen segments are read here) and taken last.
     parts: list[list[_Segment] | tuple[dt.date, Callable[[], _Computation]]] = []
     beside = False  # whether the first open stretch is being read beside
     for run_start, run_end, is_closed in runs:
         if is_closed:
             months = period in ("all", "month")
-            where = _closed_run(run_start, run_end, months=months)
-            if adjustments_only:  # the adjustments it carried
-                where &= Q(adjusts__isnull=False)
             parts.append(
                 frozen_segments(
-                    where=where,
+                    where=_closed_run(run_start, run_end, months=months),
                     loaded=loaded,
                     filters=filters,
-                    bucket=all_buckets[0] if period == "all" else bucket_for,
+                    bucket=bucket_of,
                     by_class=by_class,
-                    days=None if months or adjustments_only else (run_start, run_end),
+                    days=None if months else (run_start, run_end),
                     period=period,
                 )
             )
             continue
-        if adjustments_only or (together and run_start != open_runs[0][0]):
+        if together and run_start != open_runs[0][0]:
             continue  # (read with the first open stretch)
         made = functools.partial(open_part, run_start, run_end)
         parts.append((run_start, made if beside else read_beside(made)))
         beside = True
-    for month, booked_on in booked_here.items():
-        # Late data for ``month``: now less frozen, per GPU (or class), attribution and
-        # terms, booked on the first day of the query in its booking month.
-        bucket = bucket_for(booked_on)
-        month_end = month_after(month)
-        # What the window's load holds of the month where the month lies in the window (its
-        # GPUs less those retired by the month's start), or the whole range's where this is
-        # a part of one; else the month loaded on its own.
-        source = loaded if month >= start else None
-        if source is None and whole is not None and month >= whole[0]:
-            source = whole[1]
-        month_loaded = (
-            _loaded_within(source, start=month, end=month_end) if source is not None else None
-        ) or _load(start=month, end=month_end, filters=filters, now=now)
-        whole_gpus = set() if adjust_days else _whole_month_gpus(month, month_loaded, filters)
-        month_filters = filters
-        unmoved = _unmoved_gpus(month, month_loaded, whole_gpus)
-        if unmoved:  # nothing came late for them: only the others are computed
-            whole_gpus -= unmoved
-            moved = {i: g for i, g in month_loaded.gpus.items() if i not in unmoved}
-            month_loaded = dataclasses.replace(month_loaded, gpus=moved)
-            if not moved:
-                continue
-            if len(moved) <= _FEW_MOVED:  # their rows only, not the fleet's
-                month_filters = dataclasses.replace(
-                    filters, gpus=tuple(sorted(g.uuid for g in moved.values()))
-                )
-        live = _live_month(
-            month, month_loaded, filters=month_filters, by_class=by_class, whole_gpus=whole_gpus
+    if booked:
+        parts.append(
+            booked_segments(
+                start=start,
+                end=end,
+                period=period,
+                filters=filters,
+                loaded=loaded,
+                by_class=by_class,
+            )
         )
-        for segment in live:
-            segment.adjusts = segment.bucket.key if adjust_days else month
-            segment.bucket = bucket
-        # Less what was frozen: the month's own segments, and the adjustments for it that
-        # later months carried when they closed (booked there already).
-        carried = Q(whole_month=False, adjusts__gte=month, adjusts__lt=month_end)
-        own = Q(whole_month=True, day=month)
-        if adjust_days:
-            own = Q(whole_month=False, day__gte=month, day__lt=month_end, adjusts__isnull=True)
-        frozen = frozen_segments(
-            where=own | carried,
-            loaded=month_loaded,
-            filters=month_filters,
-            bucket=bucket,
-            sign=-1,
-            adjusts=None if adjust_days else month,
-            by_class=by_class,
-        )
-        booked += late_data(live + frozen, month_loaded.names, by_class=by_class)
-        loaded.names.nodes.update(month_loaded.names.nodes)
     segments: list[_Segment] = []
     for found in parts:
         if isinstance(found, list):
@@ -632,7 +644,6 @@ def compute(
         additive = additive and part.offline_additive
         for span, ids in part.pooled.items():  # each part's own days
             pooled_gpus.setdefault(span, set()).update(ids)
-    segments += booked
     local_start, local_end = all_buckets[0].local_start, all_buckets[-1].local_end
     names = loaded.names
     if base is not None:
@@ -657,6 +668,27 @@ def compute(
     )
 
 
+def late_data_of(close: MonthClose, *, now: dt.datetime) -> tuple[list[_Segment], _Computation]:
+    """What is still to book for closed ``close``: its month computed from the rollups now,
+    per GPU and day, less its frozen day rows and the adjustments booked for it already,
+    netted per GPU, node, attribution, terms and day corrected (``late_data``); and the
+    computation (names, terms) the segments are priced in. Nothing: an empty list."""
+    month, end = close.month, month_after(close.month)
+    loaded = _load(start=month, end=end, filters=Filters(), now=now)
+    live = _compute(start=month, end=end, period="day", filters=Filters(), now=now, loaded=loaded)
+    (bucket,) = _buckets(month, end, "all", loaded.zone)
+    for segment in live.segments:
+        segment.adjusts, segment.bucket = segment.bucket.key, bucket
+    frozen = frozen_segments(
+        where=Q(close=close, whole_month=False),
+        loaded=loaded,
+        filters=Filters(),
+        bucket=bucket,
+        sign=-1,
+    )
+    return late_data(live.segments + frozen, loaded.names, by_class=False), live
+
+
 def late_data(
     segments: list[_Segment], names: _NamesAndSiteTerms, *, by_class: bool
 ) -> list[_Segment]:
@@ -674,9 +706,8 @@ def late_data(
     for segment in segments:
         gpu = segment.gpu
         key: tuple[Any, ...] = (None, None) if by_class else (gpu.id, segment.node_id)
-        key += (gpu.kind, gpu.rates[segment.phase])
-        key += (segment.site_terms or names.site(segment.site_id), gpu.max_power_w)
-        key += (gpu.idle_power_w, gpu.model_key, segment.pool_id, segment.team_id)
+        key += (*gpu.price_class(segment.phase), segment.site_terms or names.site(segment.site_id))
+        key += (gpu.model_key, segment.pool_id, segment.team_id)
         key += (segment.site_id, segment.adjusts, segment.bucket.key)
         groups.setdefault(key, []).append(segment)
     out: list[_Segment] = []
@@ -710,546 +741,21 @@ def late_data(
 
 _RELATIVE = 1e-9
 _RELATIVE_D = Decimal("1e-9")
-# A few GPUs: up to this many (those whose late data is checked, or computed), a statement
-# reads their rows by id rather than every GPU's, the others skipped in Python.
-_FEW_MOVED = 500
 
 
 def _closed_run(start: dt.date, end: dt.date, *, months: bool) -> Q:
-    """The stored rows of the closed days [start, end): a row per GPU and day, or with
-    ``months`` the month rows of the whole months among them and the day rows of the rest
-    (and of the adjustments carried, which have no month rows)."""
-    days = Q(whole_month=False, day__gte=start, day__lt=end)
+    """The closes' own rows of the closed days [start, end) (not the adjustments booked
+    there): a row per GPU and day, or with ``months`` the month rows of the whole months
+    among them and the day rows of the rest."""
+    days = Q(whole_month=False, adjusts__isnull=True, day__gte=start, day__lt=end)
     first = start if start.day == 1 else month_after(start)
     last = end.replace(day=1)
     if not months or last <= first:
         return days
     inside = Q(day__gte=first, day__lt=last)
     if (first, last) == (start, end):  # whole months only: read by their partial index
-        return inside & (Q(whole_month=True) | Q(adjusts__isnull=False))
-    return (Q(whole_month=True) & inside) | (days & (~inside | Q(adjusts__isnull=False)))
-
-
-# GPUs with a daily row of the month that observed more than 3600 s per hour it sums
-# (overlapping samples): only there can a day observe more than its length (an hour has one
-# row per GPU), and clamping its offline hours at 0 makes the day's not add up to the month's.
-# Read by the partial index of those rows (telemetry_daily_over: the condition spelled as
-# it is there, so PostgreSQL proves it).
-_OVER_SQL = """
-    SELECT DISTINCT gpu_id FROM telemetry_dailyusage
-    WHERE day >= %s AND day < %s AND observed_s > hours * 3600
-"""
-
-
-def _whole_month_gpus(month: dt.date, loaded: _Loaded, filters: Filters) -> set[int]:
-    """The GPUs of ``loaded`` whose days add up to closed ``month`` (on PostgreSQL, where
-    the report zone is the daily table's): in service the whole month, no depreciation
-    boundary in it, no day that observed more than it has hours (checked in SQL). Their
-    month is computed whole, from the monthly rows; the others' day by day."""
-    if not loaded.daily_zone or connection.vendor != "postgresql":
-        return set()
-    end = month_after(month)
-    first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
-    last = _local_midnight(end, loaded.zone).astimezone(dt.UTC)
-    sql = _OVER_SQL.strip()
-    params: list[Any] = [month, end]
-    if filters.gpus or filters.models:  # a few GPUs: their rows only
-        sql += " AND gpu_id = ANY(%s::bigint[])"
-        params.append(array_literal(list(loaded.gpus)))
-    with read_cursor() as cursor:
-        cursor.execute(sql, params)
-        over = {gpu_id for (gpu_id,) in cursor.fetchall()}
-    return {
-        gpu_id
-        for gpu_id, info in loaded.gpus.items()
-        if gpu_id not in over
-        and info.service_start is not None
-        and info.service_start <= first
-        and (info.retired_at is None or info.retired_at >= last)
-        and (info.boundary_hour is None or not first <= info.boundary_hour < last)
-    }
-
-
-# Per GPU and attribution, a closed month's sums now (its monthly rows) beside what is
-# frozen of it (its month rows and the adjustments later closes carried for it): whether any
-# sum differs by more than late_data's rounding allowance, and what the offline hours and
-# terms need to be checked against in Python (``_unmoved_gpus``). Keys compared through
-# coalesce: a full join needs plain equality, and a node or site may be none. Constant column
-# names and the allowance spliced in, no value.
-_MOVED_TEMPLATE = """
-WITH live AS (
-    SELECT gpu_id, node_id, pool_id, team_id, site_id, {live_sums}
-    FROM telemetry_monthlyusage
-    WHERE month = %(month)s {live_ids}
-    GROUP BY gpu_id, node_id, pool_id, team_id, site_id
-), frozen AS (
-    SELECT s.gpu_id, s.node_id_at AS node_id, s.pool_id_at AS pool_id,
-           s.team_id_at AS team_id, s.site_id_at AS site_id, {frozen_sums},
-           sum(s.offline_h)::float8 AS offline_h, max(abs(s.offline_h))::float8 AS offline_max,
-           -- 1: every row at one set of terms (each column one value), 2: more than one
-           CASE WHEN min(s.rate) = max(s.rate) AND min(s.kind) = max(s.kind)
-                 AND min(s.pue) = max(s.pue) AND min(s.price_per_kwh) = max(s.price_per_kwh)
-                 AND min(s.grid_g_per_kwh) = max(s.grid_g_per_kwh)
-                 AND (count(s.site_name) = 0 OR (count(s.site_name) = count(*)
-                      AND min(s.site_name) = max(s.site_name)))
-                THEN 1 ELSE 2 END AS terms,
-           min(s.rate) AS rate, min(s.kind) AS kind, min(s.site_name) AS site_name,
-           min(s.pue) AS pue, min(s.price_per_kwh) AS price_per_kwh,
-           min(s.grid_g_per_kwh) AS grid_g_per_kwh
-    FROM billing_closedsegment s JOIN billing_monthclose c ON c.id = s.close_id
-    WHERE c.closed {frozen_ids}
-      AND ((s.whole_month AND s.day = %(month)s)
-           OR (NOT s.whole_month AND s.adjusts >= %(month)s AND s.adjusts < %(end)s))
-    GROUP BY s.gpu_id, s.node_id_at, s.pool_id_at, s.team_id_at, s.site_id_at
-)
-SELECT coalesce(l.gpu_id, f.gpu_id), coalesce(l.node_id, f.node_id),
-       coalesce(l.pool_id, f.pool_id), coalesce(l.team_id, f.team_id),
-       coalesce(l.site_id, f.site_id), NOT ({equal}) AS moved,
-       coalesce(l.observed_s, 0), f.offline_h, f.offline_max, coalesce(f.terms, 0), f.rate,
-       f.kind, f.site_name, f.pue, f.price_per_kwh, f.grid_g_per_kwh
-{paired}
-"""
-# The live and frozen rows of one GPU and attribution side by side (``_MOVED_TEMPLATE`` and
-# ``_UNTOUCHED_TEMPLATE``).
-_PAIRED = """FROM live l FULL JOIN frozen f
-  ON l.gpu_id = f.gpu_id AND coalesce(l.node_id, 0) = coalesce(f.node_id, 0)
- AND coalesce(l.pool_id, 0) = coalesce(f.pool_id, 0)
- AND coalesce(l.team_id, 0) = coalesce(f.team_id, 0)
- AND coalesce(l.site_id, 0) = coalesce(f.site_id, 0)"""
-_MOVED_PARTS = dict(
-    paired=_PAIRED,
-    live_sums=", ".join(f"sum({f})::float8 AS {f}" for f in _SUM_FIELDS),
-    frozen_sums=", ".join(
-        f"sum(s.{f})::float8 AS {f}, max(abs(s.{f}))::float8 AS {f}_max" for f in _SUM_FIELDS
-    ),
-    equal=" AND ".join(
-        f"abs(coalesce(l.{f}, 0) - coalesce(f.{f}, 0)) <= greatest(abs(coalesce(l.{f}, 0)),"
-        f" coalesce(f.{f}_max, 0)) * {_RELATIVE!r} + {_RELATIVE!r}"
-        for f in _SUM_FIELDS
-    ),
-)
-# Every GPU's rows, or (a few GPUs, ``_FEW_MOVED``) those of the GPUs asked for.
-_MOVED_SQL = _MOVED_TEMPLATE.format(**_MOVED_PARTS, live_ids="", frozen_ids="")
-_MOVED_FEW_SQL = _MOVED_TEMPLATE.format(
-    **_MOVED_PARTS,
-    live_ids="AND gpu_id = ANY(%(ids)s::bigint[])",
-    frozen_ids="AND s.gpu_id = ANY(%(ids)s::bigint[])",
-)
-
-
-# What nothing touched since the month closed, judged in SQL: per GPU of the whole ones
-# (``_unmoved_gpus``), given its attribution and price terms now (arrays by GPU id, 0 for
-# none; ``terms`` an index into the few distinct rates and kinds of the fleet, -1 for a GPU
-# not asked about), whose monthly rows were all last written before the month's close began
-# (their xmin, an xid made whole with the epoch of now, older than the close's oldest
-# running transaction). The close saw those rows as they are, so their sums equal the
-# frozen ones wherever each side has its attribution; where one side lacks it, the GPU moved
-# unless the frozen row is all zeros (as ``_MOVED_SQL`` finds a live row against none).
-# Their offline hours are checked here as ``_unmoved_gpus`` checks the others' (capacity
-# less observed, at the attribution now, the same allowance); what is left is their terms, a
-# few distinct ones a fleet: each set of frozen terms comes back once with the GPUs that
-# passed all else (``compared`` 0), checked in Python. The GPUs to compare instead come back
-# by what sent them: 1, touched (a monthly row written since or while the month closed, or
-# an adjustment a later close carried for it); 2, more than one row (an attribution on one
-# side only, more than one attribution in the month, or frozen rows at two sets of terms).
-# A raw xmin made whole is never older than the row's write, so a row written since the
-# close is always touched. Constant column names and the allowance spliced in, no value.
-_CURRENT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x"
-# A monthly row ``m`` written by a transaction no older than the close's oldest running one
-# (``xmin`` made whole with the epoch of now, ``cur.x``: never older than the write).
-_WRITTEN_SINCE = """((CASE WHEN m.xmin::text::bigint <= (cur.x & 4294967295) THEN cur.x >> 32
-                  ELSE (cur.x >> 32) - 1 END) << 32 | m.xmin::text::bigint)
-               >= %(xmin)s"""
-_UNTOUCHED_TEMPLATE = """
-WITH cur AS ({current_xid}), live AS (
-    SELECT m.gpu_id, m.node_id, m.pool_id, m.team_id, m.site_id,
-           m.observed_s::float8 AS observed_s, {written_since} AS new
-    FROM telemetry_monthlyusage m, cur
-    WHERE m.month = %(month)s {live_ids}
-), frozen AS (
-    SELECT s.gpu_id, s.node_id_at AS node_id, s.pool_id_at AS pool_id,
-           s.team_id_at AS team_id, s.site_id_at AS site_id, s.offline_h::float8 AS offline_h,
-           s.rate, s.kind, s.site_name, s.pue, s.price_per_kwh, s.grid_g_per_kwh,
-           ({zero}) = 0 AS zero
-    FROM billing_closedsegment s
-    WHERE s.close_id = %(close)s AND s.whole_month AND s.day = %(month)s {frozen_ids}
-), carried AS (
-    SELECT DISTINCT s.gpu_id FROM billing_closedsegment s
-    JOIN billing_monthclose c ON c.id = s.close_id
-    WHERE c.closed AND NOT s.whole_month AND s.adjusts >= %(month)s AND s.adjusts < %(end)s
-      {frozen_ids}
-), pairs AS (
-    SELECT coalesce(l.gpu_id, f.gpu_id) AS gpu_id, coalesce(l.node_id, f.node_id) AS node_id,
-           coalesce(l.pool_id, f.pool_id) AS pool_id, coalesce(l.team_id, f.team_id) AS team_id,
-           coalesce(l.site_id, f.site_id) AS site_id,
-           f.gpu_id IS NULL OR (l.gpu_id IS NULL AND NOT f.zero) AS differs,
-           greatest(0, %(capacity)s - coalesce(l.observed_s, 0) / 3600) AS live, f.offline_h,
-           f.rate, f.kind, f.site_name, f.pue, f.price_per_kwh, f.grid_g_per_kwh,
-           CASE WHEN coalesce(l.new, false) OR c.gpu_id IS NOT NULL THEN 1
-                WHEN count(*) OVER (PARTITION BY coalesce(l.gpu_id, f.gpu_id)) > 1 THEN 2
-                ELSE 0 END AS compared
-    {paired}
-    LEFT JOIN carried c ON c.gpu_id = coalesce(l.gpu_id, f.gpu_id)
-), judged AS (
-    SELECT p.*, (%(terms)s::int[])[p.gpu_id - %(base)s] AS terms_now,
-           coalesce(p.node_id, 0) = (%(nodes)s::bigint[])[p.gpu_id - %(base)s]
-           AND coalesce(p.pool_id, 0) = (%(pools)s::bigint[])[p.gpu_id - %(base)s]
-           AND coalesce(p.team_id, 0) = (%(teams)s::bigint[])[p.gpu_id - %(base)s]
-           AND coalesce(p.site_id, 0) = (%(sites)s::bigint[])[p.gpu_id - %(base)s] AS at_now
-    FROM pairs p WHERE p.gpu_id > %(base)s AND p.gpu_id <= %(top)s
-)
-SELECT compared, array_agg(gpu_id), site_id, terms_now, rate, kind, site_name, pue,
-       price_per_kwh, grid_g_per_kwh
-FROM judged j, LATERAL (SELECT CASE WHEN at_now THEN live ELSE 0 END AS own) o
-WHERE terms_now >= 0 AND (compared > 0 OR (
-    NOT differs AND (at_now OR live <= {r})
-    AND abs(own - offline_h) <= greatest(abs(own), abs(offline_h)) * {r} + {r}))
-GROUP BY compared, site_id, terms_now, rate, kind, site_name, pue, price_per_kwh, grid_g_per_kwh
-"""
-_UNTOUCHED_PARTS = dict(
-    current_xid=_CURRENT_XID,
-    written_since=_WRITTEN_SINCE,
-    paired=_PAIRED,
-    zero=" + ".join(f"abs(s.{f})" for f in _SUM_FIELDS),
-    r=repr(_RELATIVE),
-)
-_UNTOUCHED_SQL = _UNTOUCHED_TEMPLATE.format(**_UNTOUCHED_PARTS, live_ids="", frozen_ids="")
-_UNTOUCHED_FEW_SQL = _UNTOUCHED_TEMPLATE.format(  # a few GPUs (``_FEW_MOVED``): theirs only
-    **_UNTOUCHED_PARTS,
-    live_ids="AND m.gpu_id = ANY(%(ids)s::bigint[])",
-    frozen_ids="AND s.gpu_id = ANY(%(ids)s::bigint[])",
-)
-
-
-def close_snapshot() -> tuple[int | None, int | None]:
-    """(the oldest transaction running now, the cluster's system identifier): what a close
-    keeps (``MonthClose.snapshot_xmin``, ``snapshot_system``) before it reads; (None, None)
-    off PostgreSQL."""
-    if connection.vendor != "postgresql":
-        return None, None
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, system_identifier"
-            " FROM pg_control_system()"
-        )
-        xmin, system = cursor.fetchone()
-    return int(xmin), int(system)
-
-
-# The month's close and its snapshot, where it was taken on this cluster (a replica shares
-# its primary's identifier and transaction ids; a restored dump or an upgrade does not).
-_STAMP_SQL = """
-SELECT c.id, c.snapshot_xmin FROM billing_monthclose c, pg_control_system() s
-WHERE c.month = %s AND c.closed AND c.snapshot_xmin IS NOT NULL
-  AND c.snapshot_system = s.system_identifier
-"""
-
-
-def _gpu_states(loaded: _Loaded) -> dict[int, bytes]:
-    """Each GPU's state: what a closed month's figures of it depend on beside its rollup rows
-    and the terms of the sites those lie at (its attribution now, where its offline hours
-    go; its service dates and depreciation, its capacity and whether the month is whole for
-    it; its rates and kind), as an 8-byte digest (``close_state``). Worked out once per load
-    (the loads made of it share the cache), the dates and terms once per distinct value
-    (GPUs bought together share them)."""
-    states = loaded.states
-    terms: dict[tuple[Any, ...], str] = {}
-    for gpu_id, info in loaded.gpus.items():
-        if gpu_id in states:
-            continue
-        key = (info.service_start, info.retired_at, info.boundary_hour, info.rates, info.kind)
-        text = terms.get(key)
-        if text is None:
-            text = terms[key] = "|".join(map(str, (*key[:3], key[3][0], key[3][2], key[4])))
-        state = f"{info.node_id}|{info.pool_id}|{info.team_id}|{info.site_id}|{text}"
-        states[gpu_id] = hashlib.blake2b(state.encode(), digest_size=8).digest()
-    return states
-
-
-def _site_terms(names: _NamesAndSiteTerms) -> dict[str, list[str | None]]:
-    """Each site's terms, as text: ``{site id: [name, PUE, tariff, grid]}``."""
-    return {
-        str(site_id): [t.name, str(t.pue), str(t.price_per_kwh), str(t.grid_g_per_kwh)]
-        for site_id, t in names.sites.items()
-    }
-
-
-def close_state(loaded: _Loaded) -> tuple[bytes, dict[str, list[str | None]]]:
-    """What a close keeps of the fleet it loaded (``MonthClose.gpu_states`` and
-    ``site_terms``): each GPU's ``_gpu_state``, packed as its id (8 bytes) and digest, and
-    each site's terms. A later page spares the late-data check of a GPU whose state and
-    sites' terms are these still and whose monthly rows nothing wrote since (``_spared``):
-    its month computed now is the one the close froze."""
-    states = _gpu_states(loaded)
-    ids = array("q", states)
-    return ids.tobytes() + b"".join(states.values()), _site_terms(loaded.names)
-
-
-def _stored_states(packed: bytes) -> dict[int, bytes]:
-    """``close_state``'s packed digests, by GPU id."""
-    count = len(packed) // 16
-    ids = array("q")
-    ids.frombytes(packed[: 8 * count])
-    return dict(zip(ids, (packed[k : k + 8] for k in range(8 * count, 16 * count, 8)), strict=True))
-
-
-# The month's close, its snapshot (where taken on this cluster) and what it kept of the
-# fleet (``close_state``).
-_CLOSE_STATE_SQL = """
-SELECT c.id, c.snapshot_xmin, c.gpu_states, c.site_terms
-FROM billing_monthclose c, pg_control_system() s
-WHERE c.month = %s AND c.closed AND c.snapshot_xmin IS NOT NULL
-  AND c.snapshot_system = s.system_identifier AND length(c.gpu_states) > 0
-"""
-
-# The GPUs whose closed month cannot be spared the comparison: a monthly row written since
-# the close began reading (late data rolled up), an adjustment a later close carried for the
-# month, or a month row at a site whose terms changed since (``sites``). Constant pieces
-# spliced in, no value.
-_TOUCHED_SQL = f"""
-WITH cur AS ({_CURRENT_XID})
-SELECT m.gpu_id FROM telemetry_monthlyusage m, cur
-WHERE m.month = %(month)s AND {_WRITTEN_SINCE}
-UNION
-SELECT s.gpu_id FROM billing_closedsegment s JOIN billing_monthclose c ON c.id = s.close_id
-WHERE c.closed AND NOT s.whole_month AND s.adjusts >= %(month)s AND s.adjusts < %(end)s
-UNION
-SELECT s.gpu_id FROM billing_closedsegment s
-WHERE s.close_id = %(close)s AND s.whole_month AND s.day = %(month)s
-  AND s.site_id_at = ANY(%(sites)s::bigint[])
-"""  # noqa: S608
-
-
-def _spared(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[int] | None:
-    """The GPUs of ``whole_gpus`` whose late data for closed ``month`` is nil because
-    nothing it depends on changed since the close: their monthly rows were all written
-    before the close began reading (so it saw them as they are), no later close carried an
-    adjustment for them, their ``_gpu_state`` is the one the close kept, and so are the
-    terms of the sites their month rows lie at. Their month computed now is the one frozen.
-    None where the close kept no state of this cluster (made before closes kept it, or
-    restored elsewhere): ``_untouched`` then."""
-    if connection.vendor != "postgresql":
-        return None
-    with read_cursor(binary=True) as cursor:
-        cursor.execute(_CLOSE_STATE_SQL, [month])
-        found = cursor.fetchone()
-        if found is None:
-            return None
-        close_id, xmin, packed, stored_sites = found
-        now_sites = _site_terms(loaded.names)
-        changed = {int(k) for k in stored_sites.keys() | now_sites.keys()}
-        changed -= {int(k) for k, v in now_sites.items() if stored_sites.get(k) == v}
-        params = {"month": month, "end": month_after(month), "close": close_id, "xmin": xmin}
-        cursor.execute(_TOUCHED_SQL, {**params, "sites": array_literal(sorted(changed))})
-        touched = {gpu_id for (gpu_id,) in cursor.fetchall()}
-    stored = _stored_states(bytes(packed))
-    states = _gpu_states(loaded)
-    return {
-        gpu_id
-        for gpu_id in whole_gpus
-        if gpu_id not in touched and stored.get(gpu_id) == states[gpu_id]
-    }
-
-
-def _rows_of(
-    cursor: Any, every: str, few: str, params: dict[str, Any], gpus: set[int]
-) -> list[Any]:
-    """The rows of ``gpus`` that a statement of every GPU's rows gives (``every``), or where
-    they are a few (``_FEW_MOVED``) its twin that reads theirs only (``few``, given them as
-    ``ids``)."""
-    if len(gpus) <= _FEW_MOVED:
-        cursor.execute(few, {**params, "ids": array_literal(sorted(gpus))})
-    else:
-        cursor.execute(every, params)
-    return [row for row in cursor.fetchall() if row[0] in gpus]
-
-
-def _priced_as_now(
-    site_now: _SiteTerms,
-    rate_now: Decimal,
-    kind_now: str | None,
-    rate: str,
-    kind: str,
-    site_name: str | None,
-    pue: str,
-    price_per_kwh: str,
-    grid_g_per_kwh: str,
-) -> bool:
-    """Whether the terms a close froze (its rate, kind and site terms, as stored) are a GPU's
-    now: its rate and kind, its site's terms (of the frozen row's site)."""
-    return (
-        Decimal(rate) == rate_now
-        and (kind or None) == kind_now
-        and _SiteTerms(site_name, Decimal(pue), Decimal(price_per_kwh), Decimal(grid_g_per_kwh))
-        == site_now
-    )
-
-
-_NOW_COLUMNS = ("nodes", "pools", "teams", "sites", "terms")  # ``_UNTOUCHED_SQL``'s arrays
-
-
-def _untouched(
-    month: dt.date, loaded: _Loaded, whole_gpus: set[int], capacity_h: float
-) -> tuple[set[int], set[int], set[int]] | None:
-    """(the GPUs of ``whole_gpus`` that nothing touched since the month closed and whose
-    late data is nil, the GPUs that something touched, those with more than one
-    attribution in the month: ``_UNTOUCHED_SQL``; the last two are to be compared); None
-    where the close kept no snapshot of this cluster (made before it kept one, or
-    elsewhere): then every GPU is compared. ``capacity_h``: each whole GPU's capacity, all
-    month."""
-    if connection.vendor != "postgresql":
-        return None
-    first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
-    terms: dict[tuple[Decimal, str | None], int] = {}  # a few distinct terms: each an index
-    now: dict[str, dict[int, int]] = {column: {} for column in _NOW_COLUMNS}
-    for gpu_id in whole_gpus:
-        info = loaded.gpus[gpu_id]
-        now["nodes"][gpu_id] = info.node_id or 0
-        now["pools"][gpu_id] = info.pool_id or 0
-        now["teams"][gpu_id] = info.team_id or 0
-        now["sites"][gpu_id] = info.site_id or 0
-        rate_kind = (info.rates[_phase_outside(info, first)], info.kind)
-        now["terms"][gpu_id] = terms.setdefault(rate_kind, len(terms))
-    with read_cursor(binary=True, large=True) as cursor:
-        cursor.execute(_STAMP_SQL, [month])
-        stamp = cursor.fetchone()
-        if stamp is None:
-            return None
-        params = {"month": month, "end": month_after(month), "close": stamp[0], "xmin": stamp[1]}
-        params["capacity"] = capacity_h
-        for column, values in now.items():  # dense by GPU id: -1 for a GPU not asked about
-            dense, params["base"], params["top"] = by_id(values, -1 if column == "terms" else 0)
-            params[column] = array_literal(dense)
-        few = len(whole_gpus) <= _FEW_MOVED
-        if few:
-            params["ids"] = array_literal(sorted(whole_gpus))
-        cursor.execute(_UNTOUCHED_FEW_SQL if few else _UNTOUCHED_SQL, params)
-        found = cursor.fetchall()
-    names, now_terms = loaded.names, list(terms)
-    touched: set[int] = set()
-    several: set[int] = set()
-    same: set[int] = set()
-    differ: set[int] = set()
-    for compared, gpu_ids, site, index, rate, kind, site_name, pue, price, grid in found:
-        if compared:
-            (touched if compared == 1 else several).update(gpu_ids)
-            continue
-        rate_now, kind_now = now_terms[index]
-        frozen = (rate, kind, site_name, pue, price, grid)
-        alike = _priced_as_now(names.site(site), rate_now, kind_now, *frozen)
-        (same if alike else differ).update(gpu_ids)
-    return same - differ, touched, several
-
-
-def _unmoved_gpus(month: dt.date, loaded: _Loaded, whole_gpus: set[int]) -> set[int]:
-    """The GPUs of ``whole_gpus`` whose late data for closed ``month`` is nil: ``late_data``
-    would net their live and frozen segments to nothing (every sum and the offline hours
-    equal within its rounding allowance, per attribution; the same terms), so they need not
-    be computed. One statement compares the monthly rows with the month rows in SQL; the
-    offline hours (capacity less observed, at the GPU's current attribution) and the terms
-    (its rate and kind now, its site's terms now) are compared here. A GPU with frozen rows
-    at more than one set of terms, or an attribution on one side only, counts as moved: the
-    exact path nets it.
-
-    Where the close kept its snapshot, the GPUs whose monthly rows nothing wrote since are
-    judged in SQL but for their terms, a few distinct ones, checked once each
-    (``_untouched``): their sums are not compared (the close saw them as they are), their
-    offline hours are; the statement that compares sums reads the others' (the GPUs late
-    data touched, a few as a rule), checked here."""
-    if not whole_gpus:
-        return set()
-    end = month_after(month)
-    first = _local_midnight(month, loaded.zone).astimezone(dt.UTC)
-    last = _local_midnight(end, loaded.zone).astimezone(dt.UTC)
-    # Every whole GPU's capacity, all month. The offline hours are compared in floats: their
-    # rounding is far inside the allowance.
-    capacity_h = float(cm.hours_between(start=first, end=last))
-    rows: list[Any] = []
-    spared: set[int] = set()
-    compared = whole_gpus
-    found = _spared(month, loaded, whole_gpus)
-    if found is not None:
-        spared, compared = found, whole_gpus - found
-    else:
-        untouched = _untouched(month, loaded, whole_gpus, capacity_h)
-        if untouched is not None:
-            spared, compared = untouched[0], untouched[1] | untouched[2]
-    if compared:
-        with read_cursor(binary=True, large=True) as cursor:
-            params = {"month": month, "end": end}
-            rows += _rows_of(cursor, _MOVED_SQL, _MOVED_FEW_SQL, params, compared)
-    moved: set[int] = set()
-    observed_h: dict[int, float] = defaultdict(float)
-    frozen_offline: dict[int, list[tuple[tuple[Any, ...], float, float]]] = defaultdict(list)
-    names = loaded.names
-    same_terms: dict[tuple[Any, ...], bool] = {}  # a few distinct terms per fleet: each once
-    for gpu_id, node, pool, team, site, differs, observed_s, offline_h, offline_max, *terms in rows:
-        info = loaded.gpus[gpu_id]
-        observed_h[gpu_id] += observed_s / 3600
-        if differs:
-            moved.add(gpu_id)
-            continue
-        if terms[0]:  # frozen rows at this attribution: their terms are the GPU's now?
-            key = (site, info.rates[_phase_outside(info, first)], info.kind, *terms)
-            same = same_terms.get(key)
-            if same is None:
-                count, *frozen = terms
-                same = same_terms[key] = count == 1 and _priced_as_now(
-                    names.site(site), key[1], key[2], *frozen
-                )
-            if not same:
-                moved.add(gpu_id)
-                continue
-            frozen_offline[gpu_id].append(((node, pool, team, site), offline_h, offline_max))
-    unmoved = spared
-    for gpu_id in compared - moved:
-        info = loaded.gpus[gpu_id]
-        live = max(0.0, capacity_h - observed_h[gpu_id])  # cost_model.offline_hours
-        at_now = (info.node_id, info.pool_id, info.team_id, info.site_id)
-        seen_now = False
-        for at, offline_h, offline_max in frozen_offline.get(gpu_id, []):
-            own = live if at == at_now else 0.0
-            seen_now = seen_now or at == at_now
-            if abs(own - offline_h) > max(abs(own), offline_max) * _RELATIVE + _RELATIVE:
-                break
-        else:
-            if seen_now or live <= _RELATIVE:
-                unmoved.add(gpu_id)
-    return unmoved
-
-
-def _live_month(
-    month: dt.date,
-    loaded: _Loaded,
-    *,
-    filters: Filters,
-    by_class: bool,
-    whole_gpus: set[int],
-) -> list[_Segment]:
-    """The closed ``month`` computed from the rollups now (filtered as ``loaded`` is), in
-    segments whose sums less the frozen ones are its late data.
-
-    The frozen segments are per day, so the live ones must add up as days do: the GPUs of
-    ``whole_gpus`` (``_whole_month_gpus``) are computed over the whole month, from the
-    monthly rows; the others day by day (all of them for a FOCUS file's or a close's
-    corrections, which are per day)."""
-    end = month_after(month)
-    per_gpu_day = {i: g for i, g in loaded.gpus.items() if i not in whole_gpus}
-    whole = {i: g for i, g in loaded.gpus.items() if i in whole_gpus}
-    segments: list[_Segment] = []
-    for gpus, period in ((whole, "all"), (per_gpu_day, "day")):
-        if gpus:
-            part = _compute(
-                start=month,
-                end=end,
-                period=period,
-                filters=filters,
-                now=loaded.now,
-                loaded=dataclasses.replace(loaded, gpus=gpus),
-                by_class=by_class,
-            )
-            segments += part.segments
-    return segments
+        return inside & Q(whole_month=True)
+    return (Q(whole_month=True) & inside) | (days & ~inside)
 
 
 def _wholly_closed(bucket: _Bucket, zone: dt.tzinfo, closed: dict[dt.date, int]) -> bool:

@@ -15,7 +15,7 @@ from operator import add, itemgetter
 
 from billing import cost_model as cm
 from billing.selectors.calendar import _buckets
-from billing.selectors.closing import adjustment_negligible
+from billing.selectors.closing import adjustment_negligible, booked_segments
 from billing.selectors.closing import compute as _compute
 from billing.selectors.counting import BucketCounts, bucket_counts
 from billing.selectors.loading import _load, _Loaded, _loaded_within
@@ -165,15 +165,7 @@ def _classes(
         elif segment.sums["observed_s"] > 0 or segment.offline_h > 0:  # both ≥ 0: capacity > 0
             gpu_ids.add(gpu.id)
         site = segment.site_terms or site_of(segment.site_id)
-        terms = gpu.terms
-        key = (
-            terms.kind if terms else None,
-            gpu.rates[segment.phase],
-            terms is None,
-            site,
-            gpu.max_power_w,
-            gpu.idle_power_w,
-        )
+        key = (*gpu.price_class(segment.phase), site)
         found = classes.get(key)
         if found is None:
             classes[key] = (site, [segment])
@@ -447,20 +439,22 @@ def _groups(computation: _Computation, group_by: str) -> list[_Group]:
     month. An adjustment is accumulated here (it is a row only where it is not negligible);
     every other group is priced only when its row is made (``_row``), so a page prices only
     the rows it shows."""
-    return _kept(_grouped(computation, group_by).values(), computation.names)
+    names = computation.names
+    return _kept(_grouped(computation.segments, names, group_by).values(), names)
 
 
 # A group's bucket (by its key: a computation's buckets have one each), key and adjusted month.
 _GroupKey = tuple[dt.date, str, str | None]
 
 
-def _grouped(computation: _Computation, group_by: str) -> dict[_GroupKey, _Group]:
-    """Every group of the computation's segments, negligible adjustments too, in the order
-    their first segments come."""
+def _grouped(
+    segments: list[_Segment], names: _NamesAndSiteTerms, group_by: str
+) -> dict[_GroupKey, _Group]:
+    """Every group of the segments, negligible adjustments too, in the order their first
+    segments come."""
     groups: dict[_GroupKey, _Group] = {}
-    names = computation.names
     by_gpu = group_by == "gpu"
-    for segment in computation.segments:
+    for segment in segments:
         if by_gpu:  # (``_group_of``'s, without the call: 10,000s of segments a page)
             key, name = segment.gpu.uuid, segment.gpu.label
         else:
@@ -616,16 +610,19 @@ def cost_rows_counted(
         }
 
     def adjustments() -> list[int]:
-        return [
-            index[entry.bucket.key]
-            for part_start, part_end in parts
-            for entry in _groups(
-                _part(
-                    loaded, part_start, part_end, period, filters, group_by, start, adjustments=True
-                ),
-                group_by,
+        found = []
+        for part_start, part_end in parts:
+            segments = booked_segments(
+                start=part_start,
+                end=part_end,
+                period=period,
+                filters=filters,
+                loaded=loaded,
+                by_class=_by_class((group_by,)),
             )
-        ]
+            groups = _grouped(segments, loaded.names, group_by)
+            found += [index[entry.bucket.key] for entry in _kept(groups.values(), loaded.names)]
+        return found
 
     counted = bucket_counts(
         loaded=loaded,
@@ -695,7 +692,6 @@ def _counted_page(
             now=loaded.now,
             loaded=_loaded_within(loaded, start=part_start, end=part_end),
             by_class=_by_class((group_by,)),
-            whole=(start, loaded),
         )
         found += [(entry, computation) for entry in _groups(computation, group_by)]
     if len(found) != upto - before:
@@ -746,7 +742,7 @@ def cost_rows_after(
         last = min(first + size, len(buckets))
         part_start = max(start, buckets[first].key)
         part_end = buckets[last].key if last < len(buckets) else end
-        computation = _part(loaded, part_start, part_end, period, filters, group_by, start)
+        computation = _part(loaded, part_start, part_end, period, filters, group_by)
         groups = _groups(computation, group_by)
         found += [
             (entry, computation) for entry in groups if after is None or entry.place() > after
@@ -796,7 +792,7 @@ def _parts(
     filters = filters or Filters()
     loaded = loaded or _load(start=start, end=end, filters=filters, now=now)
     for part_start, part_end in parts:
-        computation = _part(loaded, part_start, part_end, period, filters, group_by, start)
+        computation = _part(loaded, part_start, part_end, period, filters, group_by)
         yield computation, _groups(computation, group_by)
 
 
@@ -807,14 +803,9 @@ def _part(
     period: str,
     filters: Filters,
     group_by: str,
-    query_start: dt.date,
-    *,
-    adjustments: bool = False,
 ) -> _Computation:
-    """The computation of [start, end), a part of the range [``query_start``, …) ``loaded``
-    was read for, for rows grouped by ``group_by`` (``adjustments``: its adjustments
-    alone). The closed months whose late data it books take their GPUs from ``loaded``
-    where they lie in the range."""
+    """The computation of [start, end), a part of the range ``loaded`` was read for, for
+    rows grouped by ``group_by``."""
     return _compute(
         start=start,
         end=end,
@@ -823,8 +814,6 @@ def _part(
         now=loaded.now,
         loaded=_loaded_within(loaded, start=start, end=end),
         by_class=_by_class((group_by,)),
-        adjustments_only=adjustments,
-        whole=(query_start, loaded),
     )
 
 

@@ -4,7 +4,7 @@ cost terms and rates."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from operator import itemgetter
 from typing import Any
@@ -246,9 +246,6 @@ class _Loaded:
     names: _NamesAndSiteTerms
     gpus: dict[int, _GpuInfo]
     daily_zone: bool
-    # Each GPU's state digest (``closing._gpu_states``), worked out once: shared by the
-    # loads ``dataclasses.replace`` makes of this one (its parts, a month of it).
-    states: dict[int, bytes] = field(default_factory=dict, repr=False, compare=False)
 
 
 def _load(*, start: dt.date, end: dt.date, filters: Filters, now: dt.datetime | None) -> _Loaded:

@@ -157,15 +157,7 @@ def _pooled_segments(
     for gpu_id in sorted(days):
         gpu = gpus[gpu_id]
         phase = _phase_outside(gpu, window_start)
-        key = (
-            gpu.kind,
-            gpu.rates[phase],
-            phase,
-            gpu.terms is None,
-            gpu.max_power_w,
-            gpu.idle_power_w,
-            gpu.site_id,
-        )
+        key = (*gpu.price_class(phase), phase, gpu.site_id)
         klass = classes.setdefault(key, len(classes))
         members[klass].append(gpu)
     klass_of = {g.id: k for k, group in members.items() for g in group}

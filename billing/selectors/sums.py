@@ -198,18 +198,8 @@ class _Classes:
 
 def _class_key(gpu: _GpuInfo, phase: int) -> tuple[Any, ...]:
     """What makes two GPUs' segments one price class, but for the site (the segments' own):
-    ``costs._accumulated``'s key, and the model (the class's segments are grouped by it)."""
-    terms = gpu.terms
-    return (
-        terms.kind if terms else None,
-        gpu.rates[phase],
-        terms is None,
-        gpu.max_power_w,
-        gpu.idle_power_w,
-        gpu.model_key,
-        gpu.model_name,
-        phase,
-    )
+    the price class, and the model (the class's segments are grouped by it)."""
+    return (*gpu.price_class(phase), gpu.model_key, gpu.model_name, phase)
 
 
 def _classes_of(gpus: Iterable[tuple[_GpuInfo, int]]) -> _Classes:

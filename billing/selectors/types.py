@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from billing import cost_model as cm
 from telemetry.models import USAGE_SUM_COLUMNS as _SUM_FIELDS
@@ -132,6 +133,20 @@ class _GpuInfo:
     @property
     def kind(self) -> str | None:
         return self.terms.kind if self.terms else None
+
+    def price_class(self, phase: int) -> tuple[Any, ...]:
+        """What prices this GPU's sums in ``phase`` beside a site's terms: its kind, rate,
+        whether it has a cost profile at all, nominal and idle power. Segments alike in
+        these and their site are priced as one (``costs._accumulated``): the one key every
+        grouping by price class starts from."""
+        terms = self.terms
+        return (
+            terms.kind if terms else None,
+            self.rates[phase],
+            terms is None,
+            self.max_power_w,
+            self.idle_power_w,
+        )
 
     def standing_in(
         self, terms: cm.CostTerms | None, rates: tuple[Decimal, Decimal, Decimal]

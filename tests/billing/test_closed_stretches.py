@@ -179,13 +179,14 @@ def test_each_gpu_s_utilisation_alone_is_its_row_s(stretched: dict[str, Any]) ->
     to the last digit, over a window with March closed and late data for it: GPU-over's
     late hour makes it a row of its own and an adjustment row, GPU-march (split in March)
     and GPU-april (split in April) price two phases, GPU-late has capacity only in April."""
-    from billing.month_close import month_close
+    from billing.month_close import adjust_closed, month_close
     from telemetry.models import HourlyUsage
 
     with time_machine.travel(at("2026-04-02T00"), tick=False):
         month_close(month=dt.date(2026, 3, 1), by="test")
     late = HourlyUsage.objects.filter(hour=at("2026-03-05T10"), gpu=stretched["over"])
     assert late.update(air_s=3600.0, energy_j=2_000_000.0) == 1
+    adjust_closed()  # the task's run: books it in April
     rows = selectors.cost_rows_deferred_by(
         start=START, end=END, group_bys=("gpu",), period="all", now=NOW
     )["gpu"]
@@ -208,20 +209,21 @@ def test_open_stretches_read_beside_give_the_rows_read_inline(
     stretched: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Outside a transaction the open stretches are computed on a second connection, in a
-    thread of their own, while the closed month's frozen segments and its late data are read
-    (``config.replica.read_beside``); inside one (a second connection would not see its data)
-    in the caller's thread. The rows are the same to the last digit, in the same order."""
+    thread of their own, while the closed month's frozen segments and the adjustments booked
+    are read (``config.replica.read_beside``); inside one (a second connection would not see
+    its data) in the caller's thread. The rows are the same to the last digit, in the same order."""
     import threading
 
     from django.db import transaction
 
-    from billing.month_close import month_close
+    from billing.month_close import adjust_closed, month_close
     from telemetry.models import HourlyUsage
 
     with time_machine.travel(at("2026-04-02T00"), tick=False):
         month_close(month=dt.date(2026, 3, 1), by="test")
     late = HourlyUsage.objects.filter(hour=at("2026-03-05T10"), gpu=stretched["over"])
     assert late.update(air_s=3600.0, energy_j=2_000_000.0) == 1
+    adjust_closed()  # the task's run: books it in April
     threads: list[str] = []
     real = sums._compute
 
@@ -235,7 +237,7 @@ def test_open_stretches_read_beside_give_the_rows_read_inline(
         threads.clear()
         beside = selectors.cost_rows(group_by=group_by, period=period, **query)
         assert threads[0].startswith("gpufleet-reads"), threads
-        assert threads[1:] and all(t == threading.main_thread().name for t in threads[1:])
+        assert all(t == threading.main_thread().name for t in threads[1:])
         threads.clear()
         with transaction.atomic():
             inline = selectors.cost_rows(group_by=group_by, period=period, **query)

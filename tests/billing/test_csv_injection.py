@@ -165,10 +165,13 @@ def test_costs_and_focus_keep_a_negative_adjustment_a_number(
     negative correction, a number in both CSVs, while its names are still quoted. By hand:
     energy 4.95 kWh × 1.5 × (0.10 − 0.20) = −0.7425; idle energy 0.95 kWh of it: −0.1425."""
     from fleet.models import Site
-    from tests.billing.test_month_close import close
+    from tests.billing.test_month_close import book, close
 
     close()
-    Site.objects.filter(name=hostile_march["site"]).update(price_per_kwh=Decimal("0.10"))
+    site = Site.objects.get(name=hostile_march["site"])
+    site.price_per_kwh = Decimal("0.10")
+    site.save()
+    book()
     finance = role_client("finance")
     april = {"start": "2026-04-01", "end": "2026-05-01"}
     query = {**april, "group_by": "gpu", "period": "month", "format": "csv"}

@@ -66,6 +66,13 @@ def close(month: str = "2026-03") -> str:
     return out.getvalue().strip().splitlines()[-1]
 
 
+def book(*args: str) -> str:
+    """What the task does every 5 minutes: book the late data of the stale closed months."""
+    out = io.StringIO()
+    call_command("adjust_closed", *args, stdout=out)
+    return out.getvalue().strip()
+
+
 def test_close_freezes_the_month_and_books_late_data_in_april(
     worked_example: Any, fleet: Any, april: Any
 ) -> None:
@@ -81,6 +88,17 @@ def test_close_freezes_the_month_and_books_late_data_in_april(
     (frozen,) = rows(april, MARCH)
     # Not a figure moved, and the row says why.
     assert frozen == {**before, "closed": True}
+    # The late rows marked March stale as they were written (the hourly table's trigger);
+    # nothing is booked until the task runs: a read never looks for late data.
+    from billing.models import ClosedMonthStale
+
+    assert list(ClosedMonthStale.objects.values_list("month", flat=True)) == [dt.date(2026, 3, 1)]
+    assert [r["adjustment_for"] for r in rows(april, MARCH_APRIL)] == [None, None]
+    # One row: the GPU, 2 March, its attribution and terms. Booked once, however often run.
+    assert book() == "booked 1 adjustment rows (2026-03: 1 rows)"
+    assert not ClosedMonthStale.objects.exists()
+    assert book() == "booked 0 adjustment rows (nothing stale)"
+    assert book("--all") == "booked 0 adjustment rows (2026-03: 0 rows)"
     march, april_row, adjustment = rows(april, MARCH_APRIL)
     assert march == frozen
     assert (april_row["adjustment_for"], adjustment["adjustment_for"]) == (None, "2026-03")
@@ -138,8 +156,21 @@ def test_closed_figures_ignore_later_price_changes(
     from fleet.models import Site
 
     close()
-    Site.objects.filter(name="fra1").update(price_per_kwh=Decimal("0.50"))
-    CostProfile.objects.update(opex_per_hour=Decimal("1.00"))
+    site = Site.objects.get(name="fra1")
+    site.price_per_kwh = Decimal("0.50")
+    site.save()  # marks every closed month stale (billing.signals)
+    for profile in CostProfile.objects.all():
+        profile.opex_per_hour = Decimal("1.00")
+        profile.save()
+    (march,) = rows(april, MARCH)
+    assert march["total_cost"] == MARCH_TOTAL and march["closed"] is True
+    # Every frozen day row is repriced: per day, the day at the new terms and the frozen day
+    # at the old ones negated (rows are per terms), so two adjustment rows a day.
+    from billing.models import ClosedSegment
+
+    days = ClosedSegment.objects.filter(whole_month=False, adjusts__isnull=True).count()
+    assert days == 30  # 2 to 31 March
+    assert book() == f"booked {2 * days} adjustment rows (2026-03: {2 * days} rows)"
     (march,) = rows(april, MARCH)
     assert march["total_cost"] == MARCH_TOTAL and march["closed"] is True
     # A recomputation of March now prices it anew: the difference is booked in April like
@@ -202,6 +233,7 @@ def test_focus_of_a_closed_month_and_its_correction(
     _, march_before = focus("2026-03-01", "2026-04-01")
     close()
     late_batch(fleet, worked_example)
+    book()
     _, march_after = focus("2026-03-01", "2026-04-01")
     assert march_after == march_before
     header, april_rows = focus("2026-04-01", "2026-05-01")
@@ -300,6 +332,7 @@ def test_an_adjustment_is_frozen_with_the_month_that_carries_it(
                 for h in (0, 1)
             ]
         )
+        assert book() == "booked 1 adjustment rows (2026-03: 1 rows)"  # in May
         assert rows(finance, april_query) == april_before
         # March cannot be reopened under a closed April (April carries its adjustment).
         with pytest.raises(CommandError, match="month: 2026-04 is closed after it"):
@@ -343,6 +376,7 @@ def test_a_focus_1_0_file_with_corrections_passes_the_focus_validator(
 
     close()
     late_batch(fleet, worked_example)
+    book()
     response = april.get(FOCUS, {"start": "2026-04-01", "end": "2026-04-05", "version": "1.0"})
     text = b"".join(response.streaming_content).decode()
     assert ",Adjustment,Correction," in text

@@ -17,7 +17,7 @@ import time_machine
 
 from billing import selectors
 from tests.billing.conftest import at, migrated_back
-from tests.billing.test_month_close import CLOSE_NOW, close, late_batch, rows
+from tests.billing.test_month_close import CLOSE_NOW, book, close, late_batch, rows
 from tests.billing.test_perf_paths import (  # noqa: F401 (fixtures)
     _daily_state_present,
     assert_rows_equal,
@@ -32,9 +32,9 @@ def test_a_close_keeps_a_month_row_per_gpu_and_only_the_late_data(
     worked_example: Any, fleet: Any, role_client: Any
 ) -> None:
     """March's close: a row per GPU and day, and one for the month that sums them (what a
-    page reading whole months sums). April's close carries March's late data netted: the
-    live day less the frozen one, one row for 2 March, none for the 29 days that did not
-    move."""
+    page reading whole months sums). March's late data, booked as April closes (each close
+    books what is stale first), is a row of March's close booked in April: the live day less
+    the frozen one, one row for 2 March, none for the 29 days that did not move."""
     from billing.models import ClosedSegment
 
     with time_machine.travel(CLOSE_NOW, tick=False):
@@ -55,13 +55,14 @@ def test_a_close_keeps_a_month_row_per_gpu_and_only_the_late_data(
 
     with time_machine.travel(at("2026-05-03T00"), tick=False):
         close("2026-04")
-    carried = ClosedSegment.objects.filter(close__month=dt.date(2026, 4, 1), adjusts__isnull=False)
-    (late,) = carried
-    assert (late.adjusts, late.day, late.whole_month) == (
+    (late,) = ClosedSegment.objects.filter(adjusts__isnull=False)
+    assert (late.close.month, late.adjusts, late.day, late.whole_month) == (
+        MARCH_1,
         dt.date(2026, 3, 2),
         dt.date(2026, 4, 1),
         False,
     )
+    assert late.booked_at == at("2026-05-03T00")
     assert (late.observed_s, late.air_s, late.energy_j) == (14_400, 14_400, 5_760_000)
     assert late.offline_h == Decimal(-4)
     assert late.samples == 240
@@ -91,6 +92,7 @@ def test_late_data_is_the_same_by_price_class_and_per_gpu(
     with time_machine.travel(CLOSE_NOW, tick=False):
         close("2026-03")
         late_batch(fleet, worked_example)
+        book()
         finance = role_client("finance")
         found = rows(finance, {**APRIL, "group_by": group_by})
         (adjustment,) = [r for r in found if r["adjustment_for"] == "2026-03"]
@@ -142,7 +144,7 @@ def test_an_awkward_closed_month_reads_as_computed_and_books_late_data_exactly(
     its days, and that day's offline hours are 0, where the live month of that GPU counts
     the excess against the others (test_overlapping_samples_in_a_closed_month_book_no_
     adjustment keeps one)."""
-    from billing.month_close import month_close, month_reopen
+    from billing.month_close import adjust_closed, month_close, month_reopen
     from telemetry.models import HourlyUsage
 
     overlap = HourlyUsage.objects.filter(gpu=awkward["steady"], observed_s__gt=3600)
@@ -165,6 +167,8 @@ def test_an_awkward_closed_month_reads_as_computed_and_books_late_data_exactly(
         late = HourlyUsage.objects.filter(hour=at("2026-03-05T10"))
         assert late.filter(gpu=awkward["retired"]).update(energy_j=2_000_000.0, air_s=3600.0)
         assert late.filter(gpu=awkward["steady"]).update(energy_j=2_000_000.0, air_s=3600.0)
+        assert selectors.cost_rows(**query) == frozen  # nothing booked yet
+        adjust_closed()
         booked = selectors.cost_rows(**query)
         adjustments = {r.key: r for r in booked if r.adjustment_for == "2026-03"}
         assert adjustments  # booked on April's first day (its first bucket)

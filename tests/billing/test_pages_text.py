@@ -24,7 +24,7 @@ from django.utils import timezone
 from billing import charts
 from billing.formatting import count
 from tests.billing.conftest import at
-from tests.billing.test_month_close import CLOSE_NOW, close, late_batch
+from tests.billing.test_month_close import CLOSE_NOW, book, close, late_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -233,6 +233,7 @@ def test_adjustment_rows_say_so_in_every_list(
     which each list names beside the team's, pool's or GPU's own row."""
     close()
     late_batch(fleet, worked_example)
+    book()
     span = {"from": "2026-03-01", "to": "2026-04-03"}
     page = in_april.get("/chargeback/", span).content.decode()
     label = "adjustment for 2026-03"
