@@ -68,6 +68,12 @@ DEBIAN_TOOLS = (
     (("chromium",), ("chromium", "fonts-dejavu-core"), ()),
     (("promtool", "prometheus"), ("--no-install-recommends", "prometheus"), ("prometheus",)),
     (("shellcheck",), ("shellcheck",), ()),
+    # A real Slurm for the queue and prolog tests (tests/slurm/); they start their own daemons
+    (
+        ("munged", "slurmctld", "slurmd", "squeue", "sbatch", "slurmrestd"),
+        ("slurm-wlm", "slurmrestd", "munge"),
+        ("slurmctld", "slurmd", "slurmrestd", "munge"),
+    ),
 )
 
 

@@ -23,11 +23,12 @@ from typing import Any
 from . import __version__
 from .client import Delivery, Response, ingest_url, post_json
 from .clock import Clock, RealClock
+from .hook_socket import HookListener, discovery_resolve
 from .nvml import Collector, NvmlApi
 from .source import Source
 from .spool import Spool
 from .summarise import Summariser
-from .workloads import Discovery
+from .workloads import Discovery, ProcResolver
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -60,9 +61,11 @@ class Agent:
         spool_max_samples: int = 200_000,
         max_backoff_s: float = 300.0,
         workloads: Discovery | None = None,
+        hook_socket: str | None = None,
     ) -> None:
         """``workloads``: who holds each GPU (docs/agent.md), for an NVML backend; a source of
-        its own (dcgm) says it on its readings or not at all."""
+        its own (dcgm) says it on its readings or not at all. ``hook_socket``: where jobs'
+        gpufleet_hook reports arrive (hook_socket.py; None: not listened for)."""
         self.clock: Clock = clock or RealClock()
         # an NVML backend (pynvml, or fake.FakeNvml) is read through the NVML collector
         self.source: Source = (
@@ -99,6 +102,20 @@ class Agent:
         self._dropped_seen = self.spool.counter("dropped_total") if self.spool else 0
         self._dropped_unlogged = 0
         self._dropped_log_next = -math.inf
+        # Job efficiency reports (hook_socket.py): senders resolved as GPU processes are, by the
+        # same discovery where the agent has one (its cache already knows the job's process).
+        self.hook: HookListener | None = None
+        if hook_socket:
+            own = workloads is None  # no discovery (dcgm, a fake fleet): one of its own
+            discovery = Discovery(ProcResolver()) if workloads is None else workloads
+            self.hook = HookListener(
+                hook_socket,
+                resolve=discovery_resolve(discovery),
+                interval_s=interval_s,
+                tick=discovery.resolver.tick if own else None,
+            )
+            if not self.hook.open():
+                self.hook = None
 
     @property
     def collector(self) -> Source:
@@ -123,6 +140,9 @@ class Agent:
         the samples of intervals that closed, after storing them in the spool."""
         self.ticks += 1
         res = self.source.read(float(t))
+        if self.hook is not None:
+            # after the read: the discovery has begun this tick (its pid cache is fresh)
+            self.hook.drain(t - 1)
         if self.spool is not None:
             # Before any sample of a GPU is spooled, so that a push after a restart can still
             # describe a GPU that is gone by then (Delivery.block).
@@ -137,6 +157,8 @@ class Agent:
         for uuid, r in res.readings.items():
             closed.extend(s.add(uuid, t - 1, r))
         closed.extend(s.close_due(t))
+        if self.hook is not None:
+            self.hook.attach(closed, now=t)
         if closed and self.spool is not None:
             self._store(closed)
             self._wake.set()
@@ -145,6 +167,8 @@ class Agent:
     def flush(self) -> list[dict[str, Any]]:
         """Close every open interval now (on shutdown), storing the partial samples."""
         closed = self.summariser.flush()
+        if self.hook is not None:
+            self.hook.attach(closed)
         if self.spool is not None:
             self._store(closed, last=True)
         return closed
@@ -239,6 +263,8 @@ class Agent:
             log.exception("the last push before stopping failed")
 
     def close(self) -> None:
+        if self.hook is not None:
+            self.hook.close()
         if self.spool is not None:
             self.spool.close()
         # a sender abandoned mid-POST may still touch its connection: leave that to the exit

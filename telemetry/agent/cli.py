@@ -3,11 +3,14 @@
     gpufleet-agent --server URL --token TOKEN [--interval 60] [--spool DIR]
                    [--once --print] [--fake SPEC] [--source nvml|dcgm] [--dcgm-url URL]
                    [--alloc-dir DIR] [--proc-root DIR] [--pod-log-root DIR]
+    gpufleet-agent --queue slurm|k8s --cluster NAME [--squeue PATH | --slurmrestd URL
+                   --jwt-file F] [--queue-interval 60]   (queue pressure, see queue.py)
 
 Environment variables stand in for the flags: GPUFLEET_SERVER, GPUFLEET_TOKEN,
 GPUFLEET_INTERVAL, GPUFLEET_SPOOL, GPUFLEET_FAKE, GPUFLEET_SOURCE, GPUFLEET_DCGM_URL,
-GPUFLEET_ALLOC_DIR, GPUFLEET_PROC_ROOT, GPUFLEET_POD_LOG_ROOT (and GPUFLEET_HOSTNAME,
-GPUFLEET_LOG_LEVEL).
+GPUFLEET_ALLOC_DIR, GPUFLEET_PROC_ROOT, GPUFLEET_POD_LOG_ROOT, GPUFLEET_QUEUE,
+GPUFLEET_CLUSTER, GPUFLEET_SQUEUE, GPUFLEET_SLURMRESTD, GPUFLEET_JWT_FILE,
+GPUFLEET_QUEUE_INTERVAL (and GPUFLEET_HOSTNAME, GPUFLEET_LOG_LEVEL).
 For tests and demos of the fake fleet: GPUFLEET_FAKE_SEED, GPUFLEET_FAKE_SPEED (simulated
 seconds per real second) and GPUFLEET_FAKE_EPOCH (Unix seconds or ISO time anchoring
 the fleet's relative fault times and the sped-up clock).
@@ -32,6 +35,7 @@ from . import __version__
 from .agent import Agent
 from .clock import Clock, RealClock, ScaledClock, VirtualClock
 from .dcgm import DEFAULT_URL, DcgmSource
+from .hook_socket import DEFAULT_HOOK_SOCKET
 from .nvml import NvmlApi, PynvmlApi
 from .source import Source
 from .workloads import (
@@ -41,6 +45,7 @@ from .workloads import (
     AllocationDir,
     Discovery,
     ProcResolver,
+    nvml_minors,
 )
 
 log = logging.getLogger("gpufleet.agent")
@@ -114,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with NVML: kubelet's pod log directory, whose entries name the pods "
         f"(default {DEFAULT_POD_LOG_ROOT})",
     )
+    p.add_argument(
+        "--hook-socket",
+        default=env("GPUFLEET_HOOK_SOCKET"),
+        help="Unix socket for jobs' gpufleet_hook reports (default /run/gpufleet/hook.sock; "
+        "not with --once or --fake unless given; empty: off)",
+    )
     p.add_argument("--hostname", default=env("GPUFLEET_HOSTNAME"), help="override the hostname")
     p.add_argument(
         "--spool-max-samples",
@@ -122,6 +133,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="spool bound; the oldest samples are dropped (and reported) beyond it",
     )
     p.add_argument("--batch-size", type=int, default=1000, help="samples per POST (default 1000)")
+    p.add_argument(
+        "--queue",
+        choices=("slurm", "k8s"),
+        default=env("GPUFLEET_QUEUE") or None,
+        help="queue pressure mode (docs/agent.md): push the scheduler's pending GPU jobs "
+        "instead of sampling GPUs",
+    )
+    p.add_argument(
+        "--cluster", default=env("GPUFLEET_CLUSTER"), help="with --queue: the cluster's name"
+    )
+    p.add_argument(
+        "--squeue",
+        default=env("GPUFLEET_SQUEUE") or "squeue",
+        help="with --queue slurm: the squeue to run (default squeue)",
+    )
+    p.add_argument(
+        "--slurmrestd",
+        default=env("GPUFLEET_SLURMRESTD"),
+        help="with --queue slurm: read slurmrestd at this URL instead of running squeue",
+    )
+    p.add_argument(
+        "--jwt-file",
+        default=env("GPUFLEET_JWT_FILE"),
+        help="with --slurmrestd: file holding the token (X-SLURM-USER-TOKEN)",
+    )
+    p.add_argument(
+        "--queue-interval",
+        type=int,
+        default=_env_int("GPUFLEET_QUEUE_INTERVAL", 60),
+        help="with --queue: seconds between snapshots (default 60)",
+    )
     p.add_argument("--log-level", default=env("GPUFLEET_LOG_LEVEL", "INFO"))
     p.add_argument("--version", action="version", version=f"gpufleet-agent {__version__}")
     return p
@@ -147,11 +189,13 @@ def _setup(
         return DcgmSource(args.dcgm_url), RealClock(), None, None
     if not args.fake:
         # who holds each GPU: its processes through /proc, and the scheduler's allocations
+        # (device files mapped to GPUs by their minor numbers, as Slurm does)
+        nvml = PynvmlApi()
         discovery = Discovery(
             ProcResolver(args.proc_root, pod_log_root=args.pod_log_root),
-            AllocationDir(args.alloc_dir),
+            AllocationDir(args.alloc_dir, minors=nvml_minors(nvml)),
         )
-        return PynvmlApi(), RealClock(), None, discovery
+        return nvml, RealClock(), None, discovery
     from .fake import FakeFleet
 
     speed = float(os.environ.get("GPUFLEET_FAKE_SPEED") or 1.0)
@@ -176,6 +220,14 @@ def _setup(
     # the fake's own processes and allocations (spec option workloads=1), never this host's
     fake_discovery = api.discovery() if fleet.has_workloads(hostname) else None
     return api, clock, hostname, fake_discovery
+
+
+def _hook_socket(args: argparse.Namespace) -> str | None:
+    """Where to listen for job hook reports: the flag; by default the standard path, except
+    for one interval (--once) or a simulated fleet (several may run on one machine)."""
+    if args.hook_socket is not None:
+        return str(args.hook_socket) or None
+    return None if args.once or args.fake else DEFAULT_HOOK_SOCKET
 
 
 def run_once(agent: Agent, clock: Clock) -> list[dict[str, Any]]:
@@ -204,6 +256,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    if args.queue:
+        # queue pressure (docs/agent.md, "Queue pressure"): a mode of its own, reads no GPU
+        from .queue import queue_main
+
+        return queue_main(args)
     if args.interval < 1 or 3600 % args.interval:
         print(
             f"gpufleet-agent: --interval {args.interval} must divide 3600 "
@@ -245,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_batch=args.batch_size,
         spool_max_samples=args.spool_max_samples,
         workloads=discovery,
+        hook_socket=_hook_socket(args),
     )
     try:
         if args.once:

@@ -109,6 +109,22 @@ def post_json(url: str, token: str, body: bytes, timeout: float) -> Response:
         return Response(0, error=f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
 
 
+def backoff_s(rng: random.Random, failures: int, base_s: float, max_s: float) -> float:
+    """Full jitter: uniform in [0, min(max_s, base_s × 2^(failures-1)))."""
+    return rng.uniform(0.0, min(max_s, base_s * 2.0 ** (failures - 1)))
+
+
+def failure_reason(r: Response, url: str) -> str:
+    """Why a push to ``url`` did not get through, as the log says it."""
+    if r.status == 0:
+        return f"cannot reach {url} ({r.error})"
+    if r.status in (401, 403):
+        return f"server refused the token ({r.status}): check --token / GPUFLEET_TOKEN"
+    if r.status in (404, 405) or 300 <= r.status < 400:
+        return f"server answered {r.status} at {url}: check --server"
+    return f"server answered {r.status} {_snippet(r.body, 120)}".rstrip()
+
+
 def _snippet(body: bytes, n: int = 300) -> str:
     text = body.decode("utf-8", "replace").strip().replace("\n", " ")
     return text[:n] + ("…" if len(text) > n else "")
@@ -146,7 +162,8 @@ def _rejects(answer: dict[str, Any] | None, n: int) -> dict[int, dict[str, Any]]
 
 
 # Reject codes a later push can fix (docs/ingest.md, "Responses").
-RETRYABLE_CODES = frozenset({"unknown_gpu", "clock_ahead"})
+# An instance the server does not know yet is listed by a later push (its GPU's ``mig``).
+RETRYABLE_CODES = frozenset({"unknown_gpu", "clock_ahead", "unknown_instance"})
 
 
 def _retryable(reject: dict[str, Any]) -> bool:
@@ -212,8 +229,7 @@ class Delivery:
 
     def backoff(self) -> float:
         """Full jitter: uniform in [0, min(cap, base × 2^(failures-1)))."""
-        ceiling = min(self.max_backoff_s, self.base_backoff_s * 2.0 ** (self.failures - 1))
-        return self.rng.uniform(0.0, ceiling)
+        return backoff_s(self.rng, self.failures, self.base_backoff_s, self.max_backoff_s)
 
     def block(self, inventory: list[dict[str, Any]], samples: list[dict[str, Any]]) -> list[Any]:
         """The push's ``gpus``: the inventory, and for each GPU of ``samples`` it lacks (gone
@@ -368,14 +384,7 @@ class Delivery:
             delay = max(delay, min(r.retry_after, self.max_backoff_s))
         self.next_attempt = now + delay
         pending = self.spool.pending()
-        if r.status == 0:
-            why = f"cannot reach {self.url} ({r.error})"
-        elif r.status in (401, 403):
-            why = f"server refused the token ({r.status}): check --token / GPUFLEET_TOKEN"
-        elif r.status in (404, 405) or 300 <= r.status < 400:
-            why = f"server answered {r.status} at {self.url}: check --server"
-        else:
-            why = f"server answered {r.status} {_snippet(r.body, 120)}".rstrip()
+        why = failure_reason(r, self.url)
         if note:
             why = f"{why} ({note})"
         log.warning("push failed: %s; %d samples spooled; retry in %.1f s", why, pending, delay)

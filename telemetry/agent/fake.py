@@ -165,7 +165,18 @@ _GPM_INDEX = {
     int(pynvml.NVML_GPM_METRIC_SM_OCCUPANCY): 1,
     int(pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL): 2,
     int(pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL): 3,
+    int(pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL): 4,  # MIG instances only (_mig_prof)
 }
+
+
+def _mig_prof(util: float | None) -> Any:
+    """A MIG instance's GPM metrics in a second of graphics utilisation ``util`` %: SM
+    activity 80 % of it, occupancy 50 %, tensor 60 %, DRAM 40 % (all ``None`` without)."""
+    if util is None:
+        return (None, None, None, None, None)
+    return (util * 0.8, util * 0.5, util * 0.6, util * 0.4, util)
+
+
 # pattern → (SM active per point of utilisation, tensor and occupancy as shares of SM active),
 # all in %: kernels that run most of the time yet keep only part of the SMs busy, the gap
 # the work figures (docs/agent.md, GPM) exist to show.
@@ -231,7 +242,15 @@ class FakeGpu:
         old_driver: bool = False,
         gpm: bool = False,
         gpm_fail: Sequence[tuple[int, int]] = (),
+        mig: Sequence[tuple[int, Sequence[str]]] = (),
+        mig_script: Callable[[int, int], tuple[float | None, Sequence[int]]] | None = None,
     ) -> None:
+        """``mig``: the GPU is in MIG mode, its instances from each second on (a layout of
+        profile names of :data:`MIG_PROFILES_H100`, replaced by the next entry: a
+        reconfiguration); ``mig_script(t, gi)``: the instance's activity in second ``t``
+        (GPM graphics utilisation in %, or ``None`` for none) and its compute processes."""
+        self.mig = sorted((int(at), tuple(layout)) for at, layout in mig)
+        self.mig_script = mig_script
         self.uuid = uuid
         self.index = index
         self.model = gpu_model
@@ -271,6 +290,23 @@ class FakeGpu:
         """Who holds the GPU in second ``t``: (workloads with a process on it, workloads
         holding it by allocation alone); ``None`` where the GPU does not say."""
         return None
+
+    # -- MIG -------------------------------------------------------------------------------
+
+    def mig_at(self, t: int) -> tuple[FakeMigInstance, ...] | None:
+        """The MIG instances in second ``t``; ``None`` when the GPU is not in MIG mode."""
+        if not self.mig:
+            return None
+        layout: tuple[int, tuple[str, ...]] | None = None
+        for entry in self.mig:
+            if entry[0] <= t:
+                layout = entry
+        if layout is None:
+            return ()
+        return _mig_instances(self.uuid, *layout)
+
+    def mig_activity(self, t: int, gi: int) -> tuple[float | None, Sequence[int]]:
+        return self.mig_script(t, gi) if self.mig_script is not None else (None, ())
 
     # -- energy counter ---------------------------------------------------------------------
 
@@ -761,6 +797,74 @@ class FakeHandle:
     generation: int
 
 
+@dataclass(frozen=True)
+class MigProfile:
+    """A MIG GPU instance profile as NVML describes it: ``id`` (nvidia-smi's profile ID,
+    ``nvmlGpuInstanceProfileInfo_t.id``), ``enum`` (the ``NVML_GPU_INSTANCE_PROFILE_*``
+    value it is asked by), slices and memory."""
+
+    name: str
+    id: int
+    enum: int
+    slices: int
+    memory_mb: int
+
+
+# H100 80GB (NVIDIA's MIG user guide; memory as ``nvidia-smi mig -lgip`` lists it:
+# 9.75, 19.62, 19.62, 39.50, 39.50, 79.25 GiB).
+MIG_PROFILES_H100 = {
+    p.name: p
+    for p in (
+        MigProfile("1g.10gb", 19, int(pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE), 1, 9984),
+        MigProfile("1g.20gb", 15, int(pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2), 1, 20096),
+        MigProfile("2g.20gb", 14, int(pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE), 2, 20096),
+        MigProfile("3g.40gb", 9, int(pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE), 3, 40448),
+        MigProfile("4g.40gb", 5, int(pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE), 4, 40448),
+        MigProfile("7g.80gb", 0, int(pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE), 7, 81152),
+    )
+}
+MIG_SLICES_H100 = 7
+
+
+@dataclass(frozen=True)
+class FakeMigInstance:
+    """One MIG instance of a layout (GPU instance ``gi``, compute instance 0)."""
+
+    uuid: str
+    gi: int
+    ci: int
+    profile: MigProfile
+
+
+def _mig_instances(gpu_uuid: str, at: int, layout: tuple[str, ...]) -> tuple[FakeMigInstance, ...]:
+    """The instances of ``layout`` created at second ``at``: a MIG UUID is new for every
+    instance created (as NVIDIA's drivers make them), GPU instance ids count from 1 (the
+    whole-GPU profile has 0)."""
+    out = []
+    used = 0
+    for pos, name in enumerate(layout):
+        profile = MIG_PROFILES_H100[name]
+        used += profile.slices
+        if used > MIG_SLICES_H100:
+            raise ValueError(f"MIG layout {layout} needs more than {MIG_SLICES_H100} slices")
+        h = _mix(hash_str(gpu_uuid), at, pos, profile.id)
+        uuid = "MIG-" + "-".join(
+            f"{h >> shift & mask:0{width}x}"
+            for shift, mask, width in ((32, 0xFFFFFFFF, 8), (16, 0xFFFF, 4), (0, 0xFFFF, 4))
+        )
+        uuid += f"-{_mix(h, 1) & 0xFFFF:04x}-{_mix(h, 2) & 0xFFFFFFFFFFFF:012x}"
+        gi = 0 if profile.slices == MIG_SLICES_H100 else pos + 1
+        out.append(FakeMigInstance(uuid, gi, 0, profile))
+    return tuple(out)
+
+
+@dataclass
+class FakeMigHandle(FakeHandle):
+    """A MIG device handle: valid while its instance exists."""
+
+    mig: FakeMigInstance | None = None
+
+
 @dataclass
 class FakeProcess:
     pid: int
@@ -827,6 +931,7 @@ class FakeGpmSample:
     buffer: Any  # the ctypes buffer the pointer points to; kept alive here
     gpu: FakeGpu | None = None
     at: int = 0
+    gi: int | None = None  # a MIG instance's sample (nvmlGpmMigSampleGet)
 
 
 class FakeNvml:
@@ -885,6 +990,11 @@ class FakeNvml:
             raise pynvml.NVMLError_GpuIsLost()
         if call and call in g.unsupported:
             raise pynvml.NVMLError_NotSupported()
+        if isinstance(h, FakeMigHandle):
+            # a handle of an instance destroyed since (a reconfiguration) is no handle
+            current = g.mig_at(now - 1) or ()
+            if h.mig not in current:
+                raise pynvml.NVMLError_InvalidArgument()
         return g, now
 
     # -- the pynvml surface -----------------------------------------------------------------
@@ -920,14 +1030,31 @@ class FakeNvml:
         return h
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        return self._check(handle)[0].uuid
+        g, _ = self._check(handle)
+        if isinstance(handle, FakeMigHandle) and handle.mig is not None:
+            return handle.mig.uuid
+        return g.uuid
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         return self._check(handle)[0].model.name
 
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        """The N of the GPU's /dev/nvidiaN: its index, unless the GPU was given a ``minor``
+        (a node whose minor numbers do not follow NVML's order, as the driver may number them)."""
+        g = self._check(handle)[0]
+        minor = getattr(g, "minor", None)
+        return g.index if minor is None else int(minor)
+
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
         g, now = self._check(handle, "memory")
         used = g.second(now - 1)[2]
+        if isinstance(handle, FakeMigHandle) and handle.mig is not None:
+            # an instance's memory: half of it used while it has a process
+            m = handle.mig.profile.memory_mb << 20
+            used = m // 2 if g.mig_activity(now - 1, handle.mig.gi)[1] else 0
+            if version:
+                return pynvml.c_nvmlMemory_v2_t(version, m, 0, m - used, used)
+            return pynvml.c_nvmlMemory_t(m, m - used, used)
         if version:
             if g.old_driver:
                 raise pynvml.NVMLError_FunctionNotFound()
@@ -946,6 +1073,8 @@ class FakeNvml:
         self, device: Any, sampling_type: int, timeStamp: int
     ) -> tuple[int, Sequence[Any]]:
         g, now = self._check(device, "util_samples")
+        if g.mig_at(now - 1) is not None:
+            raise pynvml.NVMLError_NotSupported()  # no utilisation in MIG mode
         if sampling_type != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
             raise pynvml.NVMLError_NotSupported()
         out = []
@@ -965,6 +1094,9 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         g, now = self._check(handle, "utilization")
+        if g.mig_at(now - 1) is not None:
+            # NVML: "not supported" on a GPU in MIG mode and on its MIG devices
+            raise pynvml.NVMLError_NotSupported()
         s = g.second(now - 1)
         return pynvml.c_nvmlUtilization_t(s[0], s[1])
 
@@ -972,11 +1104,11 @@ class FakeNvml:
         g, now = self._check(handle, "procs")
         if g.old_driver:
             raise pynvml.NVMLLibraryMismatchError("nvmlDeviceGetComputeRunningProcesses_v3")
-        return self._procs(g, now)
+        return self._procs(g, now, handle)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> Sequence[Any]:
         g, now = self._check(handle, "procs")
-        return self._procs(g, now)
+        return self._procs(g, now, handle)
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> Sequence[Any]:
         g, now = self._check(handle, "graphics_procs")
@@ -988,7 +1120,17 @@ class FakeNvml:
         g, now = self._check(handle, "graphics_procs")
         return [FakeProcess(pid, 0) for pid in g.graphics_pids(now - 1)]
 
-    def _procs(self, g: FakeGpu, now: int) -> list[FakeProcess]:
+    def _procs(self, g: FakeGpu, now: int, handle: Any = None) -> list[FakeProcess]:
+        insts = g.mig_at(now - 1)
+        if insts is not None:
+            # a MIG device lists its instance's processes; the GPU's handle, all of them
+            mine = [handle.mig] if isinstance(handle, FakeMigHandle) else insts
+            return [
+                FakeProcess(pid, (m.profile.memory_mb << 20) // 2)
+                for m in mine
+                if m is not None
+                for pid in g.mig_activity(now - 1, m.gi)[1]
+            ]
         s = g.second(now - 1)
         pids = g.compute_pids(now - 1)
         if pids is None:
@@ -1023,6 +1165,74 @@ class FakeNvml:
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
         g, now = self._check(handle, "throttle")
         return g.second(now - 1)[7]
+
+    # -- MIG --------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+        g, now = self._check(device, "mig")
+        on = int(g.mig_at(now - 1) is not None)
+        return [on, on]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        g, now = self._check(device, "mig")
+        return MIG_SLICES_H100 if g.mig_at(now - 1) is not None else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+        g, now = self._check(device, "mig")
+        insts = g.mig_at(now - 1)
+        if insts is None or not 0 <= index < MIG_SLICES_H100:
+            raise pynvml.NVMLError_InvalidArgument()
+        if index >= len(insts):
+            raise pynvml.NVMLError_NotFound()  # no instance at this index
+        return FakeMigHandle(g, self.generation, insts[index])
+
+    def _mig(self, device: Any) -> FakeMigInstance:
+        self._check(device)
+        if not isinstance(device, FakeMigHandle) or device.mig is None:
+            raise pynvml.NVMLError_InvalidArgument()  # not a MIG device handle
+        return device.mig
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        return self._mig(device).gi
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
+        return self._mig(device).ci
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Any) -> Any:
+        self._mig(migDevice)
+        return FakeHandle(migDevice.gpu, migDevice.generation)
+
+    def nvmlDeviceGetAttributes(self, device: Any) -> Any:
+        p = self._mig(device).profile
+        a = pynvml.c_nvmlDeviceAttributes()
+        a.multiprocessorCount = 132 * p.slices // MIG_SLICES_H100
+        a.gpuInstanceSliceCount = p.slices
+        a.computeInstanceSliceCount = p.slices
+        a.memorySizeMB = p.memory_mb
+        return a
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device: Any, profile: int) -> Any:
+        g, _ = self._check(device, "mig")
+        for p in MIG_PROFILES_H100.values():
+            if p.enum == profile and g.mig:
+                info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+                info.id, info.sliceCount, info.memorySizeMB = p.id, p.slices, p.memory_mb
+                info.instanceCount = MIG_SLICES_H100 // p.slices
+                info.name = f"MIG {p.name}".encode()
+                return info
+        raise pynvml.NVMLError_NotSupported()
+
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
+        self._gpm()
+        g, now = self._check(device, "gpm")
+        if not g.gpm:
+            raise pynvml.NVMLError_NotSupported()
+        insts = g.mig_at(now - 1) or ()
+        if all(m.gi != gpuInstanceId for m in insts):
+            raise pynvml.NVMLError_InvalidArgument()
+        sample = self._gpm_sample(gpmSample)
+        sample.gpu, sample.at, sample.gi = g, now, gpuInstanceId
+        return gpmSample
 
     # -- GPM: real pynvml structures; the samples are ctypes buffers the fake keeps ----------
 
@@ -1069,7 +1279,7 @@ class FakeNvml:
         if any(a <= now < b for a, b in g.gpm_fail):
             raise pynvml.NVMLError_Unknown()
         sample = self._gpm_sample(gpmSample)
-        sample.gpu, sample.at = g, now
+        sample.gpu, sample.at, sample.gi = g, now, None
         return gpmSample
 
     def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
@@ -1080,9 +1290,13 @@ class FakeNvml:
         if req.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             raise pynvml.NVMLError_ArgumentVersionMismatch()
         s1, s2 = self._gpm_sample(req.sample1), self._gpm_sample(req.sample2)
-        if s1.gpu is None or s1.gpu is not s2.gpu or s2.at <= s1.at:
+        if s1.gpu is None or s1.gpu is not s2.gpu or s2.at <= s1.at or s1.gi != s2.gi:
             raise pynvml.NVMLError_InvalidArgument()
-        seconds = [s1.gpu.prof(t) for t in range(s1.at, s2.at)]
+        gpu, gi = s1.gpu, s1.gi
+        if gi is None:
+            seconds = [gpu.prof(t) for t in range(s1.at, s2.at)]
+        else:
+            seconds = [_mig_prof(gpu.mig_activity(t, gi)[0]) for t in range(s1.at, s2.at)]
         for i in range(req.numMetrics):
             m = req.metrics[i]
             k = _GPM_INDEX.get(int(m.metricId))

@@ -45,6 +45,11 @@ METRICS = (
 MIN_GAP_S = 0.5
 MAX_GAP_S = 2.5
 
+# A MIG instance's metrics (nvmlGpmMigSampleGet): the four above, and GRAPHICS_UTIL (the share
+# of time any compute or graphics work ran on the instance), which stands in for the
+# utilisation NVML does not report for MIG instances (docs/agent.md, "MIG").
+MIG_METRICS = (*METRICS, (int(pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL), "util"))
+
 _SUCCESS = int(pynvml.NVML_SUCCESS)
 
 
@@ -55,6 +60,7 @@ class GpmApi(Protocol):
     def nvmlGpmSampleAlloc(self) -> Any: ...
     def nvmlGpmSampleFree(self, gpmSample: Any) -> None: ...
     def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any: ...
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any: ...
     def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any: ...
 
 
@@ -72,8 +78,18 @@ class GpmPair:
     :meth:`take` raises pynvml's ``NVMLError`` as the calls do; the collector classifies it.
     """
 
-    def __init__(self, api: GpmApi) -> None:
+    def __init__(
+        self,
+        api: GpmApi,
+        *,
+        gi: int | None = None,
+        metrics: tuple[tuple[int, str], ...] = METRICS,
+    ) -> None:
+        """``gi``: sample this GPU instance of the GPU (``nvmlGpmMigSampleGet``), not the whole
+        GPU; ``metrics``: what :meth:`take` returns, in this order."""
         self.api = api
+        self.gi = gi
+        self.metrics = metrics
         first = api.nvmlGpmSampleAlloc()
         try:
             second = api.nvmlGpmSampleAlloc()
@@ -85,8 +101,8 @@ class GpmPair:
         # one request reused every second (its metrics array is ~19 KB)
         req = self.request = pynvml.c_nvmlGpmMetricsGet_t()
         req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        req.numMetrics = len(METRICS)
-        for i, (metric_id, _) in enumerate(METRICS):
+        req.numMetrics = len(metrics)
+        for i, (metric_id, _) in enumerate(metrics):
             req.metrics[i].metricId = metric_id
 
     def restart(self) -> None:
@@ -95,10 +111,13 @@ class GpmPair:
 
     def take(self, handle: Any, now: float) -> list[tuple[float | None, int]] | None:
         """Sample now; the metrics over the time since the previous sample, one
-        ``(percent or None, NVML return code)`` per entry of :data:`METRICS`, or ``None``
-        when there is no usable previous sample."""
+        ``(percent or None, NVML return code)`` per entry of ``metrics``, or ``None``
+        when there is no usable previous sample. ``handle``: the GPU's (for an instance too)."""
         older, cur = self.samples
-        self.api.nvmlGpmSampleGet(handle, cur)
+        if self.gi is None:
+            self.api.nvmlGpmSampleGet(handle, cur)
+        else:
+            self.api.nvmlGpmMigSampleGet(handle, self.gi, cur)
         gap = None if self.taken_at is None else now - self.taken_at
         if gap is not None and gap < MIN_GAP_S:
             return None  # keep the older sample as the start of the next pair
@@ -108,7 +127,7 @@ class GpmPair:
             req.sample1, req.sample2 = older, cur
             self.api.nvmlGpmMetricsGet(req)
             out = []
-            for i in range(len(METRICS)):
+            for i in range(len(self.metrics)):
                 m = req.metrics[i]
                 code = int(m.nvmlReturn)
                 out.append((percent(float(m.value)) if code == _SUCCESS else None, code))

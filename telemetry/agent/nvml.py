@@ -32,8 +32,16 @@ from typing import Any, Protocol
 
 import pynvml
 
-from .gpm import METRICS, GpmApi, GpmPair
-from .source import GpuInfo, Reading, TickResult, Workload, inventory
+from .gpm import METRICS, MIG_METRICS, GpmApi, GpmPair
+from .source import (
+    GpuInfo,
+    InstanceReading,
+    MigInstance,
+    Reading,
+    TickResult,
+    Workload,
+    inventory,
+)
 from .workloads import Discovery
 
 log = logging.getLogger("gpufleet.agent")
@@ -48,6 +56,7 @@ class NvmlApi(GpmApi, Protocol):
     def nvmlDeviceGetCount(self) -> int: ...
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
     def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int: ...
     def nvmlDeviceGetName(self, handle: Any) -> str: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any: ...
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
@@ -65,6 +74,14 @@ class NvmlApi(GpmApi, Protocol):
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int: ...
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int: ...
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int: ...
+    # MIG (docs/agent.md, "MIG")
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]: ...
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int: ...
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any: ...
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int: ...
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int: ...
+    def nvmlDeviceGetAttributes(self, device: Any) -> Any: ...
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device: Any, profile: int) -> Any: ...
 
 
 class PynvmlApi:
@@ -87,6 +104,9 @@ class PynvmlApi:
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         return _text(pynvml.nvmlDeviceGetUUID(handle))
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return int(pynvml.nvmlDeviceGetMinorNumber(handle))
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         return _text(pynvml.nvmlDeviceGetName(handle))
@@ -142,6 +162,31 @@ class PynvmlApi:
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
         return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+        current, pending = pynvml.nvmlDeviceGetMigMode(device)
+        return [int(current), int(pending)]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        return int(pynvml.nvmlDeviceGetMaxMigDeviceCount(device))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+        return pynvml.nvmlDeviceGetMigDeviceHandleByIndex(device, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        return int(pynvml.nvmlDeviceGetGpuInstanceId(device))
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
+        return int(pynvml.nvmlDeviceGetComputeInstanceId(device))
+
+    def nvmlDeviceGetAttributes(self, device: Any) -> Any:
+        return pynvml.nvmlDeviceGetAttributes(device)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device: Any, profile: int) -> Any:
+        return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(device, profile)
+
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
+        return pynvml.nvmlGpmMigSampleGet(device, gpuInstanceId, gpmSample)
 
     def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
         return pynvml.nvmlGpmQueryDeviceSupport(device)
@@ -222,6 +267,24 @@ class DriverGoneError(Exception):
 
 
 _NOT_FOUND = int(pynvml.NVML_ERROR_NOT_FOUND)
+_MIG_ENABLE = int(pynvml.NVML_DEVICE_MIG_ENABLE)
+_MIG_DISABLE = int(pynvml.NVML_DEVICE_MIG_DISABLE)
+# The profiles that can span a whole GPU, largest first (the first a GPU knows is its size).
+_WHOLE_GPU_PROFILES = tuple(
+    int(getattr(pynvml, f"NVML_GPU_INSTANCE_PROFILE_{n}_SLICE"))
+    for n in (8, 7, 6, 4)
+    if hasattr(pynvml, f"NVML_GPU_INSTANCE_PROFILE_{n}_SLICE")
+)
+
+
+def mig_profile(slices: int, ci_slices: int, memory_mb: int) -> str:
+    """NVIDIA's name of a MIG profile from an instance's attributes: ``3g.40gb`` (GPU
+    instance slices, memory rounded up to whole GB as NVIDIA names them: 39.5 GiB → 40gb),
+    ``1c.3g.40gb`` for a compute instance smaller than its GPU instance."""
+    gb = -(-memory_mb // 1024)
+    name = f"{slices}g.{gb}gb"
+    return f"{ci_slices}c.{name}" if 0 < ci_slices < slices else name
+
 
 # GPM that fails this many ticks in a row on a GPU (and was not reported unsupported) is
 # switched off there until NVML is initialised again: a minute of one line in the log is
@@ -244,6 +307,18 @@ class Gpu(GpuInfo):
     transient_errors: int = 0
     gpm: GpmPair | None = None  # None: no GPM on this GPU (or not set up yet)
     gpm_failures: int = 0  # consecutive failed GPM ticks
+    # MIG: the instances' state by MIG UUID (``GpuInfo.mig`` lists them for the push)
+    inst: dict[str, Inst] = field(default_factory=dict)
+
+
+@dataclass
+class Inst:
+    """One MIG instance as the collector reads it."""
+
+    info: MigInstance
+    handle: Any
+    gpm: GpmPair | None = None
+    gpm_failures: int = 0
 
 
 def _sample_value(vtype: int, v: Any) -> float:
@@ -495,10 +570,19 @@ class Collector:
     def _read_gpu(self, g: Gpu) -> Reading:
         api, h = self.api, g.handle
         r = Reading()
-        util: float | None = None
-        if g.use_samples:
+        insts = self._mig_scan(g)
+        if insts is not None:
+            # MIG mode: NVML reports no utilisation for the GPU (NOT_SUPPORTED), nor its
+            # processes to an unprivileged caller; both come from the instances
+            self._mig_read(g, insts, r)
+        util: float | None = r.util
+        if insts is None and g.use_samples:
             util = self._util_from_samples(g)
-        rates = self._try(g, "utilization", api.nvmlDeviceGetUtilizationRates, h)
+        rates = (
+            None
+            if insts is not None
+            else self._try(g, "utilization", api.nvmlDeviceGetUtilizationRates, h)
+        )
         if rates is not None:
             r.mem_util = float(rates.memory)
             if util is None:
@@ -517,14 +601,16 @@ class Collector:
         if mem is not None:
             r.mem_used = int(mem.used)
         compute: Sequence[Any] | None = None
-        if g.procs_v3:
+        if insts is not None:
+            pass  # the instances' processes (r.procs is their sum)
+        elif g.procs_v3:
             try:
                 compute = api.nvmlDeviceGetComputeRunningProcesses(h)
             except pynvml.NVMLError as e:
                 self._handle(g, "procs", e)
             except _MISMATCH:
                 g.procs_v3 = False  # driver older than the v3 process list
-        if not g.procs_v3:
+        if insts is None and not g.procs_v3:
             compute = self._try(g, "procs", api.nvmlDeviceGetComputeRunningProcesses_v2, h)
         if compute is not None:
             r.procs = len(compute)
@@ -548,9 +634,215 @@ class Collector:
                     self._handle(g, "throttle", e)
         if not g.event_reasons:
             r.reasons = self._try(g, "throttle", api.nvmlDeviceGetCurrentClocksThrottleReasons, h)
-        if g.gpm is not None:
+        if g.gpm is not None and insts is None:
             self._gpm_read(g, r)
         return r
+
+    # -- MIG ----------------------------------------------------------------------------------
+
+    def _mig_scan(self, g: Gpu) -> list[Inst] | None:
+        """The GPU's MIG instances now, or ``None`` when it is not in MIG mode. Listed every
+        tick (a few calls per instance): an instance destroyed or created mid-run is seen in
+        the second it happens, so every second of every slice is accounted for."""
+        api, h = self.api, g.handle
+        if "mig" in g.unsupported:
+            return None
+        try:
+            current = int(api.nvmlDeviceGetMigMode(h)[0])
+        except (pynvml.NVMLError, _MISMATCH) as e:
+            self._handle(g, "mig", e)  # raises for a lost GPU or a driver gone
+            current = _MIG_DISABLE
+        if current != _MIG_ENABLE:
+            if g.mig is not None:
+                log.warning("GPU %d %s: MIG mode is off; reading it as one GPU", g.index, g.uuid)
+                self._mig_drop(g)
+            return None
+        if g.mig is None:
+            g.mig_slices = self._mig_slices(g)
+            g.mig = ()
+            log.info(
+                "GPU %d %s: MIG mode (%d slices): sending one sample per instance too",
+                g.index,
+                g.uuid,
+                g.mig_slices,
+            )
+        try:
+            count = int(api.nvmlDeviceGetMaxMigDeviceCount(h))
+        except (pynvml.NVMLError, _MISMATCH) as e:
+            self._handle(g, "mig_count", e)
+            return list(g.inst.values())  # this second: the instances last seen
+        found: dict[str, Inst] = {}
+        for i in range(count):
+            try:
+                mh = api.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+                uuid = api.nvmlDeviceGetUUID(mh)
+                inst = g.inst.get(uuid)
+                if inst is None:
+                    inst = Inst(self._mig_info(mh, uuid), mh)
+                    log.info(
+                        "GPU %d %s: MIG instance %s (GPU instance %d, compute instance %d, %s)",
+                        g.index,
+                        g.uuid,
+                        uuid,
+                        inst.info.gi,
+                        inst.info.ci,
+                        inst.info.profile,
+                    )
+                else:
+                    inst.handle = mh
+            except pynvml.NVMLError as e:
+                if e.value == _NOT_FOUND:
+                    continue  # no instance at this index (NVML's answer for an empty slot)
+                self._handle(g, "mig_device", e)
+                continue
+            found[uuid] = inst
+        for uuid, inst in g.inst.items():
+            if uuid not in found:
+                log.info("GPU %d %s: MIG instance %s is gone", g.index, g.uuid, uuid)
+                self._mig_gpm_drop(inst)
+        g.inst = found
+        g.mig = tuple(sorted((i.info for i in found.values()), key=lambda m: (m.gi, m.ci)))
+        return list(found.values())
+
+    def _mig_info(self, mh: Any, uuid: str) -> MigInstance:
+        api = self.api
+        gi = int(api.nvmlDeviceGetGpuInstanceId(mh))
+        ci = int(api.nvmlDeviceGetComputeInstanceId(mh))
+        attrs = api.nvmlDeviceGetAttributes(mh)
+        slices = int(attrs.gpuInstanceSliceCount)
+        memory_mb = int(attrs.memorySizeMB)
+        return MigInstance(
+            uuid=uuid,
+            gi=gi,
+            ci=ci,
+            profile=mig_profile(slices, int(attrs.computeInstanceSliceCount), memory_mb),
+            slices=slices,
+            memory_mb=memory_mb,
+        )
+
+    def _mig_slices(self, g: Gpu) -> int:
+        """The GPU's slices: those of its whole-GPU profile (7 on A100/H100/H200, 4 on an
+        A30), 7 where NVML cannot say."""
+        for profile in _WHOLE_GPU_PROFILES:
+            try:
+                info = self.api.nvmlDeviceGetGpuInstanceProfileInfo(g.handle, profile)
+            except (pynvml.NVMLError, _MISMATCH):
+                continue
+            if int(info.sliceCount) > 0:
+                return int(info.sliceCount)
+        log.info("GPU %d %s: MIG profiles unreadable; taking 7 slices", g.index, g.uuid)
+        return 7
+
+    def _mig_drop(self, g: Gpu) -> None:
+        for inst in g.inst.values():
+            self._mig_gpm_drop(inst)
+        g.inst = {}
+        g.mig = None
+
+    def _mig_gpm_drop(self, inst: Inst) -> None:
+        if inst.gpm is not None:
+            inst.gpm.free()
+            inst.gpm = None
+
+    def _mig_read(self, g: Gpu, insts: list[Inst], r: Reading) -> None:
+        """Read each instance; fill the GPU's reading from them: utilisation and profiling
+        fields slice-weighted over the GPU's slices (a slice in no instance counts 0),
+        processes summed."""
+        api = self.api
+        out: list[InstanceReading] = []
+        total = max(g.mig_slices, 1)
+        util_sum = 0.0
+        prof_sum = [0.0, 0.0, 0.0, 0.0]
+        prof_all = [True, True, True, True]
+        procs: int | None = None
+        for inst in insts:
+            ir = Reading()
+            mem = self._try(g, "mig_memory", api.nvmlDeviceGetMemoryInfo, inst.handle)
+            if mem is not None:
+                ir.mem_used = int(mem.used)
+            compute = self._mig_procs(g, inst)
+            if compute is not None:
+                ir.procs = len(compute)
+                procs = (procs or 0) + ir.procs
+                if self.workloads is not None:
+                    pids = dict.fromkeys(int(p.pid) for p in compute)
+                    ir.workloads = self.workloads.holders(inst.info.uuid, pids)
+            if g.gpm is not None and "mig_gpm" not in g.unsupported:
+                self._mig_gpm_read(g, inst, ir)
+            if ir.util is None:
+                # no activity: air 0 (DESIGN §9.5: held or parked by processes); said once
+                # where GPM per instance is missing, not for a new instance's first second
+                # (GPM needs a pair of samples)
+                if (g.gpm is None or "mig_gpm" in g.unsupported) and (
+                    "mig_activity" not in g.unsupported
+                ):
+                    g.unsupported.add("mig_activity")
+                    log.warning(
+                        "GPU %d %s: no activity for its MIG instances (GPM per instance "
+                        "unavailable); their time counts as held or parked by processes",
+                        g.index,
+                        g.uuid,
+                    )
+                ir.util = 0.0
+            weight = inst.info.slices / total
+            util_sum += ir.util * weight
+            for k, v in enumerate(
+                (ir.sm_active_pct, ir.sm_occupancy_pct, ir.tensor_active_pct, ir.dram_active_pct)
+            ):
+                if v is None:
+                    prof_all[k] = False
+                else:
+                    prof_sum[k] += v * weight
+            out.append(InstanceReading(inst.info, ir))
+        r.instances = tuple(out)
+        r.slices_total = total
+        r.util = min(util_sum, 100.0)
+        r.procs = procs
+        if out:
+            r.sm_active_pct, r.sm_occupancy_pct, r.tensor_active_pct, r.dram_active_pct = (
+                prof_sum[k] if prof_all[k] else None for k in range(4)
+            )
+
+    def _mig_procs(self, g: Gpu, inst: Inst) -> Sequence[Any] | None:
+        api = self.api
+        if g.procs_v3:
+            try:
+                return api.nvmlDeviceGetComputeRunningProcesses(inst.handle)
+            except pynvml.NVMLError as e:
+                self._handle(g, "mig_procs", e)
+                return None
+            except _MISMATCH:
+                g.procs_v3 = False
+        procs: Sequence[Any] | None = self._try(
+            g, "mig_procs", api.nvmlDeviceGetComputeRunningProcesses_v2, inst.handle
+        )
+        return procs
+
+    def _mig_gpm_read(self, g: Gpu, inst: Inst, ir: Reading) -> None:
+        """The instance's GPM metrics (``nvmlGpmMigSampleGet``); none where it fails."""
+        try:
+            if inst.gpm is None:
+                inst.gpm = GpmPair(self.api, gi=inst.info.gi, metrics=MIG_METRICS)
+            out = inst.gpm.take(g.handle, self.clock())
+        except (pynvml.NVMLError, _MISMATCH) as e:
+            kind = classify(e)
+            if kind in (LOST, DRIVER):
+                self._handle(g, "mig_gpm", e)  # raises
+            if inst.gpm is not None:
+                inst.gpm.restart()
+            inst.gpm_failures += 1
+            if kind == UNSUPPORTED or inst.gpm_failures >= GPM_GIVE_UP:
+                for other in g.inst.values():
+                    self._mig_gpm_drop(other)
+                g.unsupported.add("mig_gpm")
+                log.info("GPU %d %s: no GPM per MIG instance (%s)", g.index, g.uuid, e)
+            return
+        inst.gpm_failures = 0
+        if out is None:
+            return
+        for (_, name), (value, _code) in zip(MIG_METRICS, out, strict=True):
+            if value is not None:
+                setattr(ir, name, value)
 
     # -- workloads ----------------------------------------------------------------------------
 

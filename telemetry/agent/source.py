@@ -53,6 +53,41 @@ class Reading:
     # tell, ``()`` when it can and nothing did. The summariser turns them into the sample's
     # ``workloads`` (docs/agent.md).
     workloads: tuple[Workload, ...] | None = None
+    # A GPU in MIG mode (docs/agent.md, "MIG"): one reading per instance, in which only
+    # util, mem_used, procs, the profiling fields and workloads are set; ``None`` otherwise.
+    # ``util`` of the GPU's own reading is then the slice-weighted mean of the instances'.
+    instances: tuple[InstanceReading, ...] | None = None
+    slices_total: int = 0  # the GPU's slices (7 on an H100) when ``instances`` is set
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One MIG instance as the ``mig`` list of a GPU names it (docs/ingest.md)."""
+
+    uuid: str  # "MIG-…": what its samples name in ``instance``
+    gi: int  # GPU instance id
+    ci: int  # compute instance id
+    profile: str  # "3g.40gb"
+    slices: int  # the GPU instance's slices
+    memory_mb: int
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "gi": self.gi,
+            "ci": self.ci,
+            "profile": self.profile,
+            "slices": self.slices,
+            "memory_mb": self.memory_mb,
+        }
+
+
+@dataclass(slots=True)
+class InstanceReading:
+    """One MIG instance's second: which instance, and what was read of it."""
+
+    instance: MigInstance
+    reading: Reading
 
 
 @dataclass
@@ -65,6 +100,9 @@ class GpuInfo:
     memory_total_bytes: int | None = None
     power_limit_w: float | None = None
     lost: bool = False
+    # MIG mode: the instances now (``None``: not in MIG mode, no ``mig`` key sent)
+    mig: tuple[MigInstance, ...] | None = None
+    mig_slices: int = 7  # the GPU's slices in MIG mode (7 on A100/H100/H200, 4 on an A30)
 
     def inventory(self) -> dict[str, Any]:
         d: dict[str, Any] = {"uuid": self.uuid, "index": self.index, "name": self.name}
@@ -72,6 +110,9 @@ class GpuInfo:
             d["memory_total_bytes"] = self.memory_total_bytes
         if self.power_limit_w is not None:
             d["power_limit_w"] = self.power_limit_w
+        if self.mig is not None:
+            d["mig"] = [m.wire() for m in self.mig]
+            d["mig_slices"] = self.mig_slices
         if self.lost:
             # the server sets the GPU's lost_at, and clears it when a push lists it present
             d["status"] = "lost"

@@ -48,6 +48,13 @@ CREATE TABLE IF NOT EXISTS gpus (
     uuid TEXT PRIMARY KEY,
     body TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS payloads (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body TEXT NOT NULL,
+    UNIQUE (kind, key)
+);
 """
 
 
@@ -236,6 +243,53 @@ class Spool:
 
     def dropped_pending(self) -> int:
         return self._get("dropped_pending")
+
+    # -- whole payloads (queue snapshots): sent as they are, one per POST ---------------------
+
+    def payload_add(self, kind: str, key: str, body: dict[str, Any], *, max_keep: int) -> bool:
+        """Store one payload of ``kind`` under ``key`` (a second one with the same key is
+        skipped: False); beyond ``max_keep`` of that kind the oldest are dropped, counted in
+        ``dropped_<kind>``."""
+        if max_keep < 1:
+            raise ValueError("max_keep must be at least 1")
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO payloads (kind, key, body) VALUES (?, ?, ?)",
+                (kind, key, json.dumps(body, separators=(",", ":"), allow_nan=False)),
+            )
+            n = int(
+                db.execute("SELECT count(*) FROM payloads WHERE kind = ?", (kind,)).fetchone()[0]
+            )
+            if n > max_keep:
+                db.execute(
+                    "DELETE FROM payloads WHERE id IN "
+                    "(SELECT id FROM payloads WHERE kind = ? ORDER BY id LIMIT ?)",
+                    (kind, n - max_keep),
+                )
+                self._add(f"dropped_{kind}", n - max_keep)
+        return cur.rowcount == 1
+
+    def payload_oldest(self, kind: str) -> tuple[int, dict[str, Any]] | None:
+        row = self.db.execute(
+            "SELECT id, body FROM payloads WHERE kind = ? ORDER BY id LIMIT 1", (kind,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), json.loads(row[1]))
+
+    def payloads_pending(self, kind: str) -> int:
+        return int(
+            self.db.execute("SELECT count(*) FROM payloads WHERE kind = ?", (kind,)).fetchone()[0]
+        )
+
+    def payload_settle(self, id_: int, *, refused: bool = False) -> None:
+        """Payload ``id_`` is done: the server took it, or (``refused``) refused it for good,
+        counted in ``refused_<kind>`` (the agent logs the answer; a snapshot is not kept, so a
+        server that refuses every one costs no disk)."""
+        with self._tx() as db:
+            if refused:
+                row = db.execute("SELECT kind FROM payloads WHERE id = ?", (id_,)).fetchone()
+                if row is not None:
+                    self._add(f"refused_{row[0]}", 1)
+            db.execute("DELETE FROM payloads WHERE id = ?", (id_,))
 
     def quarantined(self) -> list[tuple[int, int, str, int]]:
         """(id, status, reason, number of samples) of each quarantined batch."""

@@ -221,17 +221,29 @@ class Accumulator:
                 # one adds no air time
                 u = 0.0 if r.util is None else min(max(r.util, 0.0), 100.0)
                 hold(self.wl, r.workloads, u, 1)
+        elif r.instances is not None and all(i.reading.workloads is not None for i in r.instances):
+            # A GPU in MIG mode (docs/agent.md, "MIG"): each instance's holders share its
+            # slices of the GPU, so a workload on a 3-slice instance of a 7-slice GPU holds
+            # 3/7 of the GPU in that second; slices in no instance, or in one nothing holds,
+            # are held by nobody (parked, or air where the GPU's utilisation says so).
+            self.wl_n += 1
+            for ir in r.instances:
+                held = ir.reading.workloads
+                if held:
+                    u = 0.0 if ir.reading.util is None else min(max(ir.reading.util, 0.0), 100.0)
+                    hold(self.wl, held, u, 1, (ir.instance.slices, r.slices_total))
 
 
 class WorkloadSum:
     """One workload's seconds in an interval: ``by_n[n] = [seconds, Σ util %]`` over the
-    seconds in which ``n`` workloads held the GPU; ``meta`` its latest user, account, name."""
+    seconds in which ``n`` workloads held the GPU; ``meta`` its latest user, account, name.
+    On a GPU in MIG mode ``n`` is n workloads × the GPU's slices / their instance's slices."""
 
     __slots__ = ("meta", "by_n")
 
     def __init__(self, meta: Workload) -> None:
         self.meta = meta
-        self.by_n: dict[int, list[float]] = {}
+        self.by_n: dict[float, list[float]] = {}
 
 
 def hold(
@@ -239,15 +251,20 @@ def hold(
     workloads: tuple[Workload, ...],
     util_sum: float,
     seconds: int,
+    part: tuple[int, int] | None = None,
 ) -> None:
     """Add ``seconds`` seconds in which ``workloads`` (and nothing else) held the GPU, their
-    utilisation adding up to ``util_sum`` (%)."""
+    utilisation adding up to ``util_sum`` (%). ``part`` = (slices, the GPU's slices): they
+    held only a MIG instance of that many slices, which they share; its utilisation is
+    ``util_sum``."""
     held: dict[tuple[str, str], Workload] = {}
     for w in workloads:
         c = clean_workload(w)
         if c is not None:
             held.setdefault((c.kind, c.id), c)
-    n = len(held)
+    n: float = len(held)
+    if part is not None and part[0] < part[1]:
+        n = n * part[1] / part[0]  # the divisor of a second: n workloads on slices/total of it
     for key, w in held.items():
         s = sums.get(key)
         if s is None:
@@ -441,6 +458,8 @@ class Summariser:
         # uuid → [intervals, seconds] sent as power × time because the counter was stuck,
         # while the episode lasts: logged once when it starts and once when it ends
         self._stuck: dict[str, list[int]] = {}
+        # MIG instance UUID → its GPU's UUID: their samples name both (docs/ingest.md)
+        self._parent: dict[str, str] = {}
 
     def align(self, second: int) -> int:
         return second - second % self.interval_s
@@ -464,6 +483,11 @@ class Summariser:
         acc.add(r, delta)
         if second == start + self.interval_s - 1:
             out.extend(self._close(uuid))
+        if r.instances is not None:
+            # each instance its own sample (``instance``), over the seconds it existed
+            for ir in r.instances:
+                self._parent[ir.instance.uuid] = uuid
+                out.extend(self.add(ir.instance.uuid, second, ir.reading))
         return out
 
     def close_due(self, now_second: int) -> list[dict[str, Any]]:
@@ -478,7 +502,12 @@ class Summariser:
         """Close the open (partial) interval of one GPU, or of all (on shutdown, which also
         logs the count of a stuck-counter episode still going on)."""
         out: list[dict[str, Any]] = []
-        for u in [uuid] if uuid is not None else list(self._acc):
+        if uuid is not None:
+            # a lost GPU's instances close with it
+            wanted = [uuid, *(m for m, p in self._parent.items() if p == uuid and m in self._acc)]
+        else:
+            wanted = list(self._acc)
+        for u in wanted:
             out.extend(self._close(u))
         if uuid is None:
             for u in list(self._stuck):
@@ -498,7 +527,12 @@ class Summariser:
         elif acc.pair_n and uuid in self._stuck:
             self._stuck_end(uuid, "moves again")
         s = finalise(uuid, acc)
-        return [s] if s is not None else []
+        if s is None:
+            return []
+        parent = self._parent.get(uuid)
+        if parent is not None:
+            s = {"gpu": parent, "instance": uuid, **{k: v for k, v in s.items() if k != "gpu"}}
+        return [s]
 
     def _stuck_note(self, uuid: str, acc: Accumulator) -> None:
         episode = self._stuck.get(uuid)

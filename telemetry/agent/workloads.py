@@ -51,6 +51,7 @@ only and size-bounded (:func:`_read`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -61,7 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .source import Workload
 
@@ -129,6 +130,7 @@ ALLOC_MAX_BYTES = 64 * 1024
 ALLOC_MAX_INDEX = 65535
 ALLOC_MAX_UUID = 128
 ALLOC_MAX_GPUS = 1024
+ALLOC_MAX_PATH = 4096
 _INDEX = re.compile(r"[0-9]{1,5}")
 # The directory's mtime tells when a file was added, removed or renamed into it (the hooks
 # rename a complete file into place). A change within the same mtime tick as the last look is
@@ -199,13 +201,15 @@ class SaidOnce:
     def __init__(self) -> None:
         self._keys: set[Hashable] = set()
 
-    def __call__(self, key: Hashable, message: str, *args: object) -> None:
+    def __call__(self, key: Hashable, message: str, *args: object) -> bool:
+        """Log it unless ``key`` was said; True when it was logged now."""
         if key in self._keys:
-            return
+            return False
         if len(self._keys) >= self.MAX_KEYS:
             self._keys.clear()
         self._keys.add(key)
         log.warning(message, *args)
+        return True
 
 
 class NotRegularFile(OSError):
@@ -636,6 +640,43 @@ class Allocation:
     gpus: tuple[str | int, ...]  # GPU UUIDs, or NVML indexes
     job_id: str | None = None  # Slurm: the numeric job id where ``workload.id`` is ``123_4``
     origin: str = ""  # the file it came from, for the log
+    # the job's GPU device files (/dev/nvidiaN), which the agent maps to GPUs by minor number
+    devices: tuple[str, ...] = ()
+
+
+class MinorApi(Protocol):
+    """The NVML calls that tell a GPU's device file: ``/dev/nvidia<minor>``."""
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int: ...
+
+
+def nvml_minors(api: MinorApi) -> Callable[[Mapping[str, int]], dict[int, str]]:
+    """minor number → GPU UUID for a node's GPUs (UUID → NVML index), through NVML's
+    ``nvmlDeviceGetMinorNumber``: the number of the GPU's ``/dev/nvidia<N>``, the same as the
+    device file's minor number, which Slurm's gres.conf ``File=`` and a job's cgroup name. A
+    GPU NVML gives no minor for (a MIG device, an error) has none; asked again only when the
+    node's GPUs change (a minor number is fixed while the driver is loaded)."""
+    cache: dict[tuple[tuple[str, int], ...], dict[int, str]] = {}
+
+    def minors(gpus: Mapping[str, int]) -> dict[int, str]:
+        key = tuple(sorted(gpus.items()))
+        got = cache.get(key)
+        if got is None:
+            got = {}
+            for uuid, index in key:
+                try:
+                    h = api.nvmlDeviceGetHandleByIndex(index)
+                    if api.nvmlDeviceGetUUID(h) == uuid:
+                        got[int(api.nvmlDeviceGetMinorNumber(h))] = uuid
+                except Exception as e:  # pynvml.NVMLError and kin: that GPU has no minor
+                    log.info("GPU %s %s: no minor number from NVML (%s)", index, uuid, e)
+            cache.clear()
+            cache[key] = got
+        return got
+
+    return minors
 
 
 class AllocationSource(Protocol):
@@ -679,6 +720,15 @@ def allocation_parse(data: object, origin: str = "") -> Allocation | str:
     job_id = _ident(data.get("job_id"))
     if data.get("job_id") is not None and (job_id is None or not _JOB_NUMBER.fullmatch(job_id)):
         return "job_id must be the numeric Slurm job id"
+    devices = data.get("devices")
+    if devices is not None and (
+        not isinstance(devices, list)
+        or not 0 < len(devices) <= ALLOC_MAX_GPUS
+        or not all(
+            isinstance(d, str) and d.startswith("/") and len(d) <= ALLOC_MAX_PATH for d in devices
+        )
+    ):
+        return f"devices must be a list of 1 to {ALLOC_MAX_GPUS} absolute paths"
     return Allocation(
         Workload(
             str(kind), ident, user=texts["user"], account=texts["account"], name=texts["name"]
@@ -686,6 +736,7 @@ def allocation_parse(data: object, origin: str = "") -> Allocation | str:
         tuple(dict.fromkeys(parsed)),
         job_id,
         origin,
+        tuple(dict.fromkeys(devices or ())),
     )
 
 
@@ -724,7 +775,18 @@ class AllocationDir:
     The files name who holds a GPU, so only the scheduler's hook may have written them: the
     directory and each file must belong to one of ``owners`` (default: root, and the agent's own
     user) and be writable by nobody else; anything else is skipped and logged. A file is read
-    without blocking, at most ``ALLOC_MAX_BYTES``, decoded as UTF-8 with replacement."""
+    without blocking, at most ``ALLOC_MAX_BYTES``, decoded as UTF-8 with replacement.
+
+    A file's ``devices`` (the job's ``/dev/nvidiaN``, which the Slurm prolog takes from
+    gres.conf in Slurm's order) name its GPUs where ``minors`` (minor number → UUID, from
+    :func:`nvml_minors`) is given: each file's minor number is NVML's minor number of one GPU.
+    Slurm's GPU indexes follow gres.conf, not NVML, so they are used only without devices.
+
+    A problem of the directory (missing, unreadable, not trusted) is logged when it begins and
+    when it ends, never each second; :attr:`problem` is the one in force, :attr:`skipped` the
+    number of files skipped at the last look, :attr:`problems_total` how many problems of the
+    directory or its files were logged since the start (the agent has no metrics endpoint:
+    these are its counters)."""
 
     def __init__(
         self,
@@ -732,9 +794,14 @@ class AllocationDir:
         *,
         wall: Callable[[], float] = time.time,
         owners: Collection[int] | None = None,
+        minors: Callable[[Mapping[str, int]], Mapping[int, str]] | None = None,
     ) -> None:
         self.path = path
         self.owners = _trusted_owners(owners)
+        self.minors = minors
+        self.problem: str | None = None
+        self.skipped = 0
+        self.problems_total = 0
         self._wall = wall  # the file system's clock, for ALLOC_RACY_S
         self._looked = -float("inf")
         self._scanned = -float("inf")
@@ -751,26 +818,28 @@ class AllocationDir:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            # no hook on this node (or no job since boot: the hooks create it)
-            self._files.clear()
-            self._dir_key = None
-            self._current = ()
-            return self._current
-        except OSError as e:
-            self._say(("dir", str(e)), "allocation directory %s cannot be read (%s)", self.path, e)
-            self._current = ()
-            return self._current
-        why = "is not a directory" if not stat.S_ISDIR(st.st_mode) else _untrusted(st, self.owners)
-        if why:
-            self._say(
-                ("dir", why),
-                "allocation directory %s %s: no allocation in it is believed",
-                self.path,
-                why,
+            # no hook on this node, or no job with GPUs since boot (the prolog creates it)
+            self._dir_problem(
+                "does not exist: no allocations (the Slurm prolog makes it at the first job "
+                "with GPUs; said again when that changes)",
+                logging.INFO,
             )
             self._files.clear()
             self._dir_key = None
             self._current = ()
+            self.skipped = 0
+            return self._current
+        except OSError as e:
+            self._dir_problem(f"cannot be read ({e.strerror or e}): no allocation is believed")
+            self._current = ()
+            return self._current
+        why = "is not a directory" if not stat.S_ISDIR(st.st_mode) else _untrusted(st, self.owners)
+        if why:
+            self._dir_problem(f"{why}: no allocation in it is believed")
+            self._files.clear()
+            self._dir_key = None
+            self._current = ()
+            self.skipped = 0
             return self._current
         key = (st.st_ino, st.st_mtime_ns)
         racy = self._wall() - st.st_mtime < ALLOC_RACY_S
@@ -785,15 +854,30 @@ class AllocationDir:
         self._scan()
         return self._current
 
+    def _dir_problem(self, why: str | None, level: int = logging.WARNING) -> None:
+        """The directory's problem (None: none) at this look: said when it begins or changes,
+        and when it ends, not at every look."""
+        if why == self.problem:
+            return
+        if why is not None:
+            log.log(level, "allocation directory %s %s", self.path, why)
+            self.problems_total += 1
+        else:
+            log.info("allocation directory %s: read again", self.path)
+        self.problem = why
+
     def _scan(self) -> None:
         try:
             entries = list(os.scandir(self.path))
         except OSError as e:
-            self._say(("dir", str(e)), "allocation directory %s cannot be read (%s)", self.path, e)
+            self._dir_problem(f"cannot be read ({e.strerror or e}): no allocation is believed")
             self._current = ()
             return
+        self._dir_problem(None)
+        minors = self.minors(self._gpus) if self.minors is not None else None
         files: dict[str, tuple[_FileKey, _Parsed]] = {}
         found: list[Allocation] = []
+        skipped = 0
         for entry in entries:
             name = entry.name
             if name.startswith(".") or not name.endswith(".json"):
@@ -818,16 +902,21 @@ class AllocationDir:
             files[name] = (fkey, parsed)
             if parsed is None:
                 continue
+            if not isinstance(parsed, str):
+                parsed = self._by_device(parsed, minors, name, fkey)
             if isinstance(parsed, str):
                 self._skip(name, fkey, parsed)
+                skipped += 1
                 continue
             unknown = [g for g in parsed.gpus if not _gpu_known(g, self._gpus)]
             if unknown:
                 listed = ", ".join(map(str, unknown[:4])) + (", …" if len(unknown) > 4 else "")
                 self._skip(name, fkey, f"names GPUs this node does not have ({listed})")
+                skipped += 1
                 continue
             found.append(parsed)
         self._files = files
+        self.skipped = skipped
         found.sort(key=lambda a: a.origin)
         current = tuple(found)
         if current != self._current:
@@ -855,14 +944,49 @@ class AllocationDir:
             log.exception("allocation file %s/%s: unexpected error while parsing", self.path, name)
             return f"is not an allocation ({type(e).__name__})"
 
+    def _by_device(
+        self, a: Allocation, minors: Mapping[int, str] | None, name: str, fkey: _FileKey
+    ) -> Allocation | str:
+        """``a`` with its GPUs named by its device files' minor numbers, where it names device
+        files and its GPUs are not UUIDs already (which cannot be misread); or why not."""
+        if not a.devices or all(isinstance(g, str) for g in a.gpus):
+            return a
+        if minors is None:
+            self._say(
+                ("no-minors", name, *map(str, fkey)),
+                "allocation file %s/%s names device files, but this agent has no NVML minor "
+                "numbers to map them: its GPU indexes are used (said once per version of the "
+                "file)",
+                self.path,
+                name,
+            )
+            return a
+        uuids: list[str] = []
+        for path in a.devices:
+            try:
+                st = os.stat(path)  # /dev/nvidia0 may be a link to the device
+            except OSError as e:
+                return f"names device file {_short(path)}, which cannot be read ({e.strerror})"
+            if not stat.S_ISCHR(st.st_mode):
+                return f"names device file {_short(path)}, which is not a character device"
+            uuid = minors.get(os.minor(st.st_rdev))
+            if uuid is None:
+                return (
+                    f"names device file {_short(path)} (minor {os.minor(st.st_rdev)}), "
+                    "which is no GPU of this node"
+                )
+            uuids.append(uuid)
+        return dataclasses.replace(a, gpus=tuple(dict.fromkeys(uuids)))
+
     def _skip(self, name: str, fkey: _FileKey, why: str) -> None:
-        self._say(
+        if self._say(
             (name, *map(str, fkey), why),
             "allocation file %s/%s %s: skipped (said once per version of the file)",
             self.path,
             name,
             why,
-        )
+        ):
+            self.problems_total += 1
 
 
 # -- both together ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from telemetry.agent.client import _retryable
     [
         ({"field": "gpu", "error": "anything", "code": "unknown_gpu"}, True),
         ({"field": "start", "error": "anything", "code": "clock_ahead"}, True),
+        ({"field": "instance", "error": "anything", "code": "unknown_instance"}, True),
         ({"field": "gpu", "error": "unknown GPU: …", "code": "other_node"}, False),
         ({"field": "gpu", "error": "unknown GPU: …", "code": "not_registered"}, False),
         ({"field": "start", "error": "older than …", "code": "too_old"}, False),
@@ -33,6 +34,6 @@ def test_the_server_codes_a_later_push_can_fix_are_the_ones_the_agent_keeps() ->
     """The agent's list and the server's meaning agree (the agent imports nothing of the
     server, so the two constants are compared here)."""
     from telemetry.agent.client import RETRYABLE_CODES
-    from telemetry.wire import REJECT_CLOCK_AHEAD, REJECT_UNKNOWN_GPU
+    from telemetry.wire import REJECT_CLOCK_AHEAD, REJECT_UNKNOWN_GPU, REJECT_UNKNOWN_INSTANCE
 
-    assert {REJECT_UNKNOWN_GPU, REJECT_CLOCK_AHEAD} == RETRYABLE_CODES
+    assert {REJECT_UNKNOWN_GPU, REJECT_CLOCK_AHEAD, REJECT_UNKNOWN_INSTANCE} == RETRYABLE_CODES

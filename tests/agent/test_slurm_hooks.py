@@ -29,7 +29,13 @@ GPU_B = "GPU-9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b"
 
 def hook(script: Path, alloc: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """Run a hook as slurmd does: its own small environment, nothing of ours."""
-    base = {"GPUFLEET_ALLOC_DIR": str(alloc), "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
+    base = {
+        "GPUFLEET_ALLOC_DIR": str(alloc),
+        "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+        # no squeue here, and not this machine's settings file: the tests of either say so
+        "GPUFLEET_PROLOG_LOOKUP": "0",
+        "GPUFLEET_DEFAULTS": str(alloc.parent / "no-such-defaults"),
+    }
     return subprocess.run(
         ["bash", str(script)], env={**base, **env}, capture_output=True, text=True, timeout=30
     )
@@ -82,19 +88,20 @@ def test_prolog_prefers_gpu_uuids_and_writes_what_json_can_carry(tmp_path: Path)
         SLURM_JOB_GPUS="4,5",
         SLURM_JOB_USER='o"brien\\',
         SLURM_JOB_ACCOUNT="résumé\x01lab",
-        SLURM_JOB_NAME="train\tllm\n",  # not given by Slurm today; written where it is set
+        SLURM_JOB_NAME="train\tllm\r\nv2",  # not given by Slurm today; written where it is set
     )
     assert hook(PROLOG, alloc, **env).returncode == 0
     body = read(alloc)
     assert body["gpus"] == [GPU_A, GPU_B]
-    # escaped in the file, so read back whole (the agent drops control characters when it sends)
+    # escaped in the file, so read back whole (the agent drops control characters when it sends);
+    # a name over several lines is one line, each line break a space
     assert (body["user"], body["account"], body["name"]) == (
         'o"brien\\',
         "résumé\x01lab",
-        "train\tllm\n",
+        "train\tllm  v2",
     )
     raw = (alloc / "slurm-48213.json").read_bytes()
-    assert b"\\u0001" in raw and b"\\u0009" in raw and b"\\u000a" in raw
+    assert b"\\u0001" in raw and b"\\u0009" in raw and b"\\u000a" not in raw
     parsed = allocation_parse(body)
     assert isinstance(parsed, Allocation) and parsed.gpus == (GPU_A, GPU_B)
 
@@ -129,7 +136,7 @@ def test_prolog_json_strings_match_python_s_decoder_for_any_bytes(tmp_path: Path
     """Seeded random names of every byte but NUL (the environment cannot hold one), weighted
     towards UTF-8's lead and continuation bytes, overlong forms, surrogates, code points past
     U+10FFFF and cut sequences: the file is strict UTF-8 JSON and each name reads back as
-    bytes.decode("utf-8", "replace") of its first 1,024 bytes."""
+    bytes.decode("utf-8", "replace") of its first 1,024 bytes, line breaks made spaces."""
     rng = random.Random(47)
     tricky = b'\x80\xbf\xc0\xc1\xc2\xdf\xe0\xe1\xed\xef\xf0\xf4\xf5\xff\xa0\x9f\x90\x8f\\"\x01\x7fa'
     names = [b"\xe1\x80A", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf0\x9f\x98\x80", b"\xe2\x82"]
@@ -148,9 +155,9 @@ def test_prolog_json_strings_match_python_s_decoder_for_any_bytes(tmp_path: Path
         env = job_env(SLURM_JOB_ID=job, SLURM_JOB_NAME=os.fsdecode(name))
         assert hook(PROLOG, alloc, **env).returncode == 0
         raw = (alloc / f"slurm-{job}.json").read_bytes()
-        assert json.loads(raw.decode("utf-8"))["name"] == name[:1024].decode("utf-8", "replace"), (
-            name
-        )
+        # each line break a space, then the first 1,024 bytes decoded
+        flat = name.replace(b"\n", b" ").replace(b"\r", b" ")[:1024]
+        assert json.loads(raw.decode("utf-8"))["name"] == flat.decode("utf-8", "replace"), name
 
 
 @pytest.mark.parametrize(
@@ -179,27 +186,84 @@ def test_prolog_for_an_array_task_names_it_and_keeps_the_job_id(tmp_path: Path) 
 
 
 def test_prolog_can_ask_squeue_for_the_name_and_array_id(tmp_path: Path) -> None:
-    """Opt-in (GPUFLEET_PROLOG_LOOKUP=1): the node Prolog has neither, squeue has both."""
+    """On by default (GPUFLEET_PROLOG_LOOKUP, 1 unless set): the node Prolog has neither,
+    squeue has both: numbers first (the array's own id lists every task), then the name of
+    exactly this task."""
     fake = tmp_path / "squeue"
     fake.write_text(
-        '#!/bin/bash\n[[ "$*" == "--noheader --jobs=1127 --format=%F %K %j" ]] || exit 1\n'
-        'echo "1123 4 sweep lr 3e-4"\n'
+        "#!/bin/bash\n"
+        'case "$*" in\n'
+        '"--noheader --jobs=1127 --format=%A %F %K") printf "1127 1123 4\\n1130 1123 5\\n" ;;\n'
+        '"--noheader --jobs=1123_4 --format=%A %j") printf "1127 sweep lr\\n3e-4\\n" ;;\n'
+        "*) exit 1 ;;\n"
+        "esac\n"
     )
     fake.chmod(0o755)
     alloc = tmp_path / "alloc"
-    env = job_env(SLURM_JOB_ID="1127", GPUFLEET_PROLOG_LOOKUP="1", GPUFLEET_SQUEUE=str(fake))
-    assert hook(PROLOG, alloc, **env).returncode == 0
+    env = job_env(SLURM_JOB_ID="1127", GPUFLEET_SQUEUE=str(fake))
+    r = subprocess.run(
+        ["bash", str(PROLOG)],
+        env={**env, "GPUFLEET_ALLOC_DIR": str(alloc), "GPUFLEET_DEFAULTS": str(tmp_path / "none")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0 and r.stderr == ""
     body = read(alloc, "1127")
     assert (body["id"], body["job_id"], body["name"]) == ("1123_4", "1127", "sweep lr 3e-4")
-    # off by default: no squeue call, the numeric id
-    assert hook(PROLOG, alloc, **job_env(SLURM_JOB_ID="1128")).returncode == 0
+    # off: no squeue call, the numeric id
+    env = job_env(SLURM_JOB_ID="1128", GPUFLEET_SQUEUE=str(fake))
+    assert hook(PROLOG, alloc, **env).returncode == 0
     assert read(alloc, "1128")["id"] == "1128" and "name" not in read(alloc, "1128")
-    # a controller that does not answer costs nothing but the name
-    fake.write_text("#!/bin/bash\nexit 1\n")
-    env["SLURM_JOB_ID"] = "1129"
-    r = hook(PROLOG, alloc, **env)
-    assert r.returncode == 0 and "squeue did not answer" in r.stderr
+    # a controller that does not answer in time costs nothing but the name
+    fake.write_text("#!/bin/bash\nsleep 30\n")
+    env = job_env(SLURM_JOB_ID="1129", GPUFLEET_SQUEUE=str(fake), GPUFLEET_PROLOG_LOOKUP="1")
+    r = hook(PROLOG, alloc, GPUFLEET_LOOKUP_TIMEOUT="1", **env)
+    assert r.returncode == 0 and "squeue gave no answer within 1 s" in r.stderr
     assert read(alloc, "1129")["id"] == "1129"
+
+
+def test_prolog_reads_its_settings_file_without_running_it(tmp_path: Path) -> None:
+    """/etc/default/gpufleet: KEY=VALUE parsed with a strict pattern, never sourced (the hooks
+    run as root); a value that is not a plain absolute path is refused and said; a file others
+    may write is not believed. Each problem also goes to syslog (``logger -t``)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    said = tmp_path / "syslog"
+    (bin_dir / "logger").write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> {said}\n')
+    (bin_dir / "logger").chmod(0o755)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    pwned = tmp_path / "pwned"
+    defaults = tmp_path / "gpufleet"
+    alloc = tmp_path / "alloc"
+    defaults.write_text(
+        "# the agent's and the hooks' settings\n"
+        "GPUFLEET_SERVER=https://fleet.example.com\n"
+        f'GPUFLEET_ALLOC_DIR="{alloc}"  # quoted, as systemd reads it\n'
+        "GPUFLEET_PROLOG_LOOKUP=0\n"
+        f"GPUFLEET_GRES_CONF=$(touch {pwned})\n"
+    )
+    defaults.chmod(0o644)
+    env = job_env()
+    for key in ("GPUFLEET_ALLOC_DIR", "GPUFLEET_PROLOG_LOOKUP", "GPUFLEET_DEFAULTS"):
+        env.pop(key, None)
+    base = {"GPUFLEET_DEFAULTS": str(defaults), "GPUFLEET_HOOK_PATH": path}
+    r = subprocess.run(
+        ["bash", str(PROLOG)], env={**env, **base}, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0 and not pwned.exists()
+    assert "ignoring a line of" in r.stderr and "GPUFLEET_GRES_CONF" in r.stderr
+    assert read(alloc)["id"] == "48213"  # the file's directory, and no squeue asked
+    assert "-t gpufleet-prolog" in said.read_text()
+    r = subprocess.run(
+        ["bash", str(EPILOG)], env={**env, **base}, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0 and os.listdir(alloc) == []
+    defaults.chmod(0o666)  # anyone could point root's hook elsewhere: not believed
+    other = tmp_path / "other"
+    r = hook(PROLOG, other, **{**job_env(), **base})
+    assert "not owned by root, or writable by others" in r.stderr
+    assert read(other)["id"] == "48213"  # the environment's (or the built-in) directory
 
 
 def test_prolog_renames_a_whole_file_into_place(tmp_path: Path) -> None:
@@ -263,3 +327,31 @@ def test_hooks_are_shellcheck_clean() -> None:
         ["shellcheck", "--shell=bash", str(PROLOG), str(EPILOG)], capture_output=True, text=True
     )
     assert r.returncode == 0, r.stdout
+
+
+def test_agent_says_allocation_directory_problems_once_and_counts_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Missing, untrusted, unparsable: each said when it begins (not each second), counted in
+    the reader's counters (the agent has no /metrics endpoint)."""
+    import logging
+
+    d = tmp_path / "alloc"
+    src = AllocationDir(str(d))
+    gpus = {GPU_A: 0, GPU_B: 1}
+    with caplog.at_level(logging.INFO, "gpufleet.agent"):
+        for t in range(5):
+            assert src.allocations(float(t), gpus) == ()
+    assert [m for m in caplog.messages if "does not exist" in m] == [caplog.messages[0]]
+    assert src.problem is not None and src.problems_total == 1
+    d.mkdir(mode=0o755)
+    (d / "slurm-1.json").write_text("{not json")
+    (d / "slurm-2.json").write_text(json.dumps({"kind": "slurm", "id": "2", "gpus": [1]}))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "gpufleet.agent"):
+        for t in range(10, 15):
+            got = src.allocations(float(t), gpus)
+    assert [a.workload.id for a in got] == ["2"]
+    assert src.problem is None and src.skipped == 1 and src.problems_total == 2
+    assert sum("slurm-1.json is not JSON" in m for m in caplog.messages) == 1
+    assert any("read again" in m for m in caplog.messages)
