@@ -68,7 +68,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 GPUS_PER_NODE = 8
 INTERVAL_S = 60
-CHECKPOINT_INTERVAL_MIN = 5  # PostgreSQL's default checkpoint_timeout
+CHECKPOINT_INTERVAL_MIN = 5  # PostgreSQL's default checkpoint_timeout (--checkpoint-minutes)
 RETENTION_DAYS = 35  # RAW_RETENTION_DAYS' default
 # Web processes and PostgreSQL cores are sized to be at most half busy: agents push on the
 # minute, a fleet catching up after an outage pushes its spool at once, and dashboards, vacuum
@@ -114,6 +114,12 @@ class Figures:
     gpus: int = 0
     minutes: int = 0
     pg_version: str = ""
+    # The run's settings: simulated minutes between rollup runs (ROLLUP_OPEN_HOUR_EVERY_S / 60),
+    # the checkpoint interval whose full-page images are measured, the session's
+    # wal_compression.
+    rollup_every_min: int = 1
+    checkpoint_minutes: int = CHECKPOINT_INTERVAL_MIN
+    wal_compression: str = "off"
     load_avg: list[float] = field(default_factory=list)
     raw_bytes_per_sample: float = 0.0
     raw_bytes_per_sample_basic: float = 0.0
@@ -149,6 +155,15 @@ class Figures:
     rollup_wall_ms_median_by_k: dict[str, float] = field(default_factory=dict)
     # Mean server CPU of a run per hour of the day: flat if a run reads its hour only.
     rollup_server_ms_by_hour: list[float] = field(default_factory=list)
+    # The rollup's WAL records (full-page images apart) per GPU and day, by the relation the
+    # record's first block belongs to (a table, one of its indexes), and by kind of record.
+    rollup_wal_by_relation: dict[str, float] = field(default_factory=dict)
+    rollup_wal_by_kind: dict[str, float] = field(default_factory=dict)
+    # Rows inserted, updated (of which HOT: no index entry written), deleted by the day's
+    # rollups, per rollup table (pg_stat_user_tables).
+    rollup_tuples: dict[str, dict[str, int]] = field(default_factory=dict)
+    # The full-page images of the checkpoint interval (ingest and rollup) per GPU, by relation.
+    fpi_by_relation: dict[str, float] = field(default_factory=dict)
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -177,9 +192,26 @@ class Meter:
        OR (resource_manager = 'Transaction' AND xid IN (SELECT xid FROM own))
     """
 
+    # The same records by the relation of their first block (its name now: no relation of the
+    # measured tables is rewritten during the day) and by kind (resource manager and record
+    # type: a heap INSERT, a HOT_UPDATE, a btree INSERT_LEAF, ...), full-page images apart.
+    OWN_WAL_SPLIT = """
+    SELECT COALESCE(
+               pg_filenode_relation(0, substring(block_ref FROM 'rel \\d+/\\d+/(\\d+)')::oid)::text,
+               'other'),
+           resource_manager || ' ' || split_part(record_type, ' ', 1),
+           sum((record_length + 7) / 8 * 8) - sum(fpi_length), sum(fpi_length)
+    FROM pg_get_wal_records_info(%(lo)s, %(hi)s)
+    WHERE block_ref LIKE %(pattern)s
+    GROUP BY 1, 2
+    """
+
     def __init__(self) -> None:
         from django.db import connection
 
+        self.by_relation: dict[str, int] = {}
+        self.by_kind: dict[str, int] = {}
+        self.fpi_by_relation: dict[str, int] = {}
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_backend_pid(), oid FROM pg_database WHERE datname = current_database()"
@@ -205,6 +237,21 @@ class Meter:
             cursor.execute(self.OWN_WAL, {"lo": lo, "hi": hi, "pattern": self.pattern})
             records, fpi = cursor.fetchone()
         return Wal(cluster=cluster, records=int(records) - int(fpi), fpi=int(fpi))
+
+    def split(self, lo: str, hi: str, *, records: bool = True, fpi: bool = False) -> None:
+        """Add the records between two LSNs to the split by relation and by kind, and (with
+        ``fpi``) their full-page images to the split of those by relation."""
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(self.OWN_WAL_SPLIT, {"lo": lo, "hi": hi, "pattern": self.pattern})
+            for relation, kind, size, images in cursor.fetchall():
+                if records:
+                    self.by_relation[relation] = self.by_relation.get(relation, 0) + int(size)
+                    self.by_kind[kind] = self.by_kind.get(kind, 0) + int(size)
+                if fpi:
+                    total = self.fpi_by_relation.get(relation, 0) + int(images)
+                    self.fpi_by_relation[relation] = total
 
     def cpu(self) -> tuple[float, float, float]:
         return backend_cpu_s(self.pid), time.process_time(), time.perf_counter()
@@ -300,7 +347,7 @@ def count(table: str) -> int:
 
 
 def ingest_minute(
-    fleet: Fleet, meter: Meter, start: dt.datetime, full: bool
+    fleet: Fleet, meter: Meter, start: dt.datetime, full: bool, *, fpi_split: bool = False
 ) -> tuple[Cpu, Wal, int]:
     """Every node pushes the minute at ``start`` (bodies built before the clock starts)."""
     from telemetry.ingest import sample_batch_ingest
@@ -317,17 +364,56 @@ def ingest_minute(
         assert not result.rejected, result.rejected[:3]
         accepted += result.accepted
     cpu = meter.since(before, meter.cpu())
-    return cpu, meter.wal(lo, meter.lsn()), accepted
+    hi = meter.lsn()
+    if fpi_split:
+        meter.split(lo, hi, records=False, fpi=True)
+    return cpu, meter.wal(lo, hi), accepted
 
 
-def rollup_once(meter: Meter) -> tuple[Cpu, Wal, int]:
+def rollup_once(
+    meter: Meter, *, split: bool = False, fpi_split: bool = False
+) -> tuple[Cpu, Wal, int]:
     from telemetry.rollup import rollup_run
 
     lo = meter.lsn()
     before = meter.cpu()
     result = rollup_run()
     cpu = meter.since(before, meter.cpu())
-    return cpu, meter.wal(lo, meter.lsn()), result.hours
+    hi = meter.lsn()
+    if split or fpi_split:
+        meter.split(lo, hi, records=split, fpi=fpi_split)
+    return cpu, meter.wal(lo, hi), result.hours
+
+
+ROLLUP_TABLES = (
+    "telemetry_hourlyusage",
+    "telemetry_dailyusage",
+    "telemetry_monthlyusage",
+    "telemetry_workloadhourlyusage",
+    "telemetry_workloaddailyusage",
+    "telemetry_workloadnodedailyusage",
+)
+
+
+def tuple_counts() -> dict[str, dict[str, int]]:
+    """Rows inserted, updated, HOT-updated and deleted so far, per rollup table."""
+    from django.db import connection
+
+    # The statistics of this backend's transactions reach pg_stat_user_tables once it has
+    # been idle for a second (PostgreSQL 15 flushes them at most once a second).
+    time.sleep(1.2)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del "
+            "FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+            [list(ROLLUP_TABLES)],
+        )
+        return {
+            name: {"ins": int(i), "upd": int(u), "hot_upd": int(h), "del": int(d)}
+            for name, i, u, h, d in cursor.fetchall()
+        }
 
 
 def checkpoint() -> None:
@@ -346,6 +432,9 @@ def measure(args: argparse.Namespace) -> Figures:
 
     with connection.cursor() as cursor:
         cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        # This session's WAL only (a superuser setting): what wal_compression in
+        # postgresql.conf would do to the full-page images.
+        cursor.execute("SELECT set_config('wal_compression', %s, false)", [args.wal_compression])
         cursor.execute("SHOW server_version")
         pg_version = str(cursor.fetchone()[0]).split()[0]
     partitions_maintain()
@@ -355,7 +444,14 @@ def measure(args: argparse.Namespace) -> Figures:
     today = timezone.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     day = today - dt.timedelta(days=3)  # whole, in the past, well inside raw retention
     basic_day = day - dt.timedelta(days=1)
-    figures = Figures(gpus=gpus, minutes=args.minutes, pg_version=pg_version)
+    figures = Figures(
+        gpus=gpus,
+        minutes=args.minutes,
+        pg_version=pg_version,
+        rollup_every_min=args.rollup_every,
+        checkpoint_minutes=args.checkpoint_minutes,
+        wal_compression=args.wal_compression,
+    )
 
     # The rollup's fixed cost: a run over one marked hour without samples.
     fixed: list[Cpu] = []
@@ -378,6 +474,7 @@ def measure(args: argparse.Namespace) -> Figures:
     }
     partitions = {d: partition_name(d.date()) for d in (day, basic_day)}
     empty = {t: relation_bytes([t]) for t in [*rollups.values(), *partitions.values()]}
+    tuples_before = tuple_counts()
 
     # The day: every minute, every node's push, then the rollup.
     ingest_cpu, rollup_cpu = Cpu(), Cpu()
@@ -391,18 +488,24 @@ def measure(args: argparse.Namespace) -> Figures:
         start = day + dt.timedelta(minutes=minute)
         if minute == args.checkpoint_at:
             checkpoint()
-        cpu, wal, accepted = ingest_minute(fleet, meter, start, full=True)
+        window = args.checkpoint_at <= minute < args.checkpoint_at + args.checkpoint_minutes
+        cpu, wal, accepted = ingest_minute(fleet, meter, start, full=True, fpi_split=window)
         samples += accepted
         ingest_cpu.add(cpu)
         ingest_wal.add(wal)
         push_walls.append(cpu.wall / len(fleet.nodes))
-        run_cpu, run_wal, hours = rollup_once(meter)
+        if window:
+            after_checkpoint.add(wal)
+        # The rollup every --rollup-every minutes (ROLLUP_OPEN_HOUR_EVERY_S: the open hour
+        # recomputed that often), and at every hour's last minute (a closed hour: at once).
+        if (minute + 1) % args.rollup_every and minute % 60 != 59:
+            continue
+        run_cpu, run_wal, hours = rollup_once(meter, split=True, fpi_split=window)
         assert hours == 1, hours
         rollup_cpu.add(run_cpu)
         rollup_wal.add(run_wal)
         runs.append((minute % 60 + 1, run_cpu))
-        if args.checkpoint_at <= minute < args.checkpoint_at + CHECKPOINT_INTERVAL_MIN:
-            after_checkpoint.add(wal)
+        if window:
             after_checkpoint.add(run_wal)
         if minute % 60 == 59:
             # What autovacuum does on a server (this measurement's cluster may run without
@@ -417,6 +520,21 @@ def measure(args: argparse.Namespace) -> Figures:
             )
     pushes = len(fleet.nodes) * args.minutes
     gpu_hours = gpus * args.minutes / 60
+    tuples_after = tuple_counts()
+    figures.rollup_tuples = {
+        name: {k: tuples_after[name][k] - tuples_before[name][k] for k in tuples_after[name]}
+        for name in tuples_after
+    }
+    gpu_days = gpu_hours / 24
+    figures.rollup_wal_by_relation = {
+        k: round(v / gpu_days) for k, v in sorted(meter.by_relation.items(), key=lambda i: -i[1])
+    }
+    figures.fpi_by_relation = {
+        k: round(v / gpus) for k, v in sorted(meter.fpi_by_relation.items(), key=lambda i: -i[1])
+    }
+    figures.rollup_wal_by_kind = {
+        k: round(v / gpu_days) for k, v in sorted(meter.by_kind.items(), key=lambda i: -i[1])
+    }
     figures.samples = samples
     figures.push_server_cpu_ms = 1e3 * ingest_cpu.server / pushes
     figures.push_client_cpu_ms = 1e3 * ingest_cpu.client / pushes
@@ -551,8 +669,9 @@ def derive(f: Figures, gpus: int, push_ms: float) -> Derived:
     # longer than the minute therefore spaces the next by whole minutes: fewer runs an hour,
     # each re-reading the hour so far (its cost grows with the minute of the hour).
     longest = rollup_run_s(f, gpus, 60) + client_run_s
-    step = max(1, math.ceil(longest / INTERVAL_S))
-    runs = [rollup_run_s(f, gpus, k) for k in range(step, 61, step)]
+    step = max(f.rollup_every_min, math.ceil(longest / INTERVAL_S))
+    # Past an hour a run: one a run, covering all of the hour.
+    runs = [rollup_run_s(f, gpus, k) for k in range(step, 61, step)] or [longest]
     pg_ingest = pushes_per_s * f.push_server_cpu_ms / 1e3
     pg_rollup = sum(runs) / 3600
     # A sample waits for the next run to start (half the spacing on average, all of it at
@@ -575,12 +694,14 @@ def derive(f: Figures, gpus: int, push_ms: float) -> Derived:
         for name in ("hourly", "daily", "workload")
     ) / max(f.gpus, 1)
     # WAL per interval: the samples, each run's rewrite of the open hour's rows (measured at
-    # a run a minute: 1/60 of the GPU-hour's figure per run), its fixed part, and the pages'
-    # first change after the checkpoint (written whole).
-    runs_per_interval = CHECKPOINT_INTERVAL_MIN / step
+    # a run every rollup_every_min minutes: that share of the GPU-hour's figure per run), its
+    # fixed part, and the pages' first change after the checkpoint (written whole).
+    interval = f.checkpoint_minutes
+    runs_per_interval = interval / step
+    per_run = gpus * f.wal_rollup_per_gpu_hour * f.rollup_every_min / 60
     per_checkpoint = (
-        gpus * CHECKPOINT_INTERVAL_MIN * f.wal_ingest_per_sample
-        + runs_per_interval * (gpus * f.wal_rollup_per_gpu_hour / 60 + f.rollup_fixed_wal)
+        gpus * interval * f.wal_ingest_per_sample
+        + runs_per_interval * (per_run + f.rollup_fixed_wal)
         + gpus * f.fpi_per_checkpoint_per_gpu
     )
     raw_day = gpus * 1440 * f.raw_bytes_per_sample
@@ -602,7 +723,7 @@ def derive(f: Figures, gpus: int, push_ms: float) -> Derived:
         rollup_per_day=gpus * rollup_gpu_day,
         rollup_per_year=gpus * rollup_gpu_day * 365,
         rollup_superseded=gpus * superseded,
-        wal_per_day=per_checkpoint * (1440 / CHECKPOINT_INTERVAL_MIN),
+        wal_per_day=per_checkpoint * (1440 / interval),
         wal_per_checkpoint=per_checkpoint,
     )
 
@@ -613,6 +734,57 @@ def rollup_limit_gpus(f: Figures, seconds: float) -> int:
     return int(
         (seconds - f.rollup_fixed_server_ms / 1e3 - f.rollup_client_ms_per_run / 1e3) / per_gpu
     )
+
+
+LAG_GOAL_S = 60  # issue 46: a sample in the rollups within a minute on average
+LAG_FLEET = 200_000
+
+
+def lag_limit_gpus(f: Figures, push_ms: float, goal_s: float = LAG_GOAL_S) -> int:
+    """The largest fleet one database rolls up with a mean lag under ``goal_s``."""
+    lo, hi = 0, 2_000_000
+    while hi - lo > 100:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if derive(f, mid, push_ms).lag_mean_s < goal_s else (lo, mid)
+    return lo
+
+
+def databases_for(f: Figures, gpus: int, push_ms: float, goal_s: float = LAG_GOAL_S) -> int:
+    """Databases (sites split evenly, each its own PostgreSQL and rollup) that keep the mean
+    lag of a fleet of ``gpus`` under ``goal_s``: each rolls up its share in parallel."""
+    return max(1, math.ceil(gpus / max(lag_limit_gpus(f, push_ms, goal_s), 1)))
+
+
+def wal_per_gpu_day(f: Figures) -> dict[str, float]:
+    """WAL per GPU and day as the table derives it (a run a minute), in bytes, by source."""
+    ingest = 1440 * f.wal_ingest_per_sample
+    rollup = 24 * f.wal_rollup_per_gpu_hour
+    fpi = 1440 / f.checkpoint_minutes * f.fpi_per_checkpoint_per_gpu
+    return {"ingest": ingest, "rollup": rollup, "fpi": fpi, "total": ingest + rollup + fpi}
+
+
+def hot_ratio(f: Figures, table: str) -> str:
+    counts = f.rollup_tuples.get(table)
+    if not counts or not counts["upd"]:
+        return "no updates"
+    return f"{counts['hot_upd'] / counts['upd']:.0%} of {counts['upd']:,} updates"
+
+
+def compare(before: Figures, after: Figures) -> None:
+    """The WAL figures of two runs side by side (``--compare``: the code before, then now)."""
+    print("\n| per GPU and day | before | after |\n|---|---:|---:|")
+    b, a = wal_per_gpu_day(before), wal_per_gpu_day(after)
+    for key in ("ingest", "rollup", "fpi", "total"):
+        print(f"| WAL, {key} | {b[key] / 1e6:.2f} MB | {a[key] / 1e6:.2f} MB |")
+    for table in ROLLUP_TABLES:
+        print(f"| HOT updates, {table} | {hot_ratio(before, table)} | {hot_ratio(after, table)} |")
+    for name in ("rollup_server_ms_per_gpu", "rollup_server_ms_per_gpu_sample"):
+        print(f"| {name} | {getattr(before, name):.4f} | {getattr(after, name):.4f} |")
+    relations = dict.fromkeys([*before.rollup_wal_by_relation, *after.rollup_wal_by_relation])
+    for rel in relations:
+        was = before.rollup_wal_by_relation.get(rel, 0) / 1e3
+        now = after.rollup_wal_by_relation.get(rel, 0) / 1e3
+        print(f"| rollup WAL, {rel} | {was:.1f} KB | {now:.1f} KB |")
 
 
 def report(f: Figures, push_ms: float) -> None:
@@ -649,7 +821,8 @@ def report(f: Figures, push_ms: float) -> None:
         ("superseded rollup versions awaiting vacuum (constant)",
          lambda d: gib(d.rollup_superseded)),
         ("WAL per day", lambda d: gib(d.wal_per_day)),
-        ("WAL per 5-minute checkpoint interval", lambda d: gib(d.wal_per_checkpoint)),
+        (f"WAL per {f.checkpoint_minutes}-minute checkpoint interval",
+         lambda d: gib(d.wal_per_checkpoint)),
         # Checkpoints stay timed (and full-page images as measured) while each interval's WAL
         # fits in max_wal_size with room to spare (PostgreSQL's default: 1 GB).
         ("max_wal_size (twice the interval's WAL, ≥ 1 GB)",
@@ -657,6 +830,28 @@ def report(f: Figures, push_ms: float) -> None:
     ]  # fmt: skip
     for label, cell in lines:
         print(f"| {label} | " + " | ".join(cell(d) for d in rows) + " |")
+    per_day = wal_per_gpu_day(f)
+    print(
+        f"\nWAL per GPU and day: {per_day['total'] / 1e6:.2f} MB (ingest "
+        f"{per_day['ingest'] / 1e6:.2f}, rollup {per_day['rollup'] / 1e6:.2f}, full-page images "
+        f"{per_day['fpi'] / 1e6:.2f}); HOT updates of the hourly rows: "
+        f"{hot_ratio(f, 'telemetry_hourlyusage')}."
+    )
+    one = derive(f, LAG_FLEET, push_ms)
+    if lag_limit_gpus(f, push_ms) == 0:
+        print(f"\nA mean lag under {LAG_GOAL_S} s: not with runs every {f.rollup_every_min} min.")
+        return
+    n = databases_for(f, LAG_FLEET, push_ms)
+    split = derive(f, math.ceil(LAG_FLEET / n), push_ms)
+    print(
+        f"\nAt {LAG_FLEET:,} GPUs on one database: the hour's last run "
+        f"{one.rollup_last_run_s:.0f} s, runs every {one.rollup_every_s} s, lag mean / worst "
+        f"{one.lag_mean_s:.0f} s / {one.lag_max_s:.0f} s. One database keeps the mean lag under "
+        f"{LAG_GOAL_S} s up to {lag_limit_gpus(f, push_ms):,} GPUs; split by site onto {n} "
+        f"databases of {math.ceil(LAG_FLEET / n):,} GPUs: lag mean / worst "
+        f"{split.lag_mean_s:.0f} s / {split.lag_max_s:.0f} s, WAL {gib(split.wal_per_day)} a day "
+        f"each."
+    )
     print(
         f"\nOne rollup at a time: its last run of the hour reaches 30 s at "
         f"{rollup_limit_gpus(f, 30):,} GPUs and 60 s (from there runs are spaced by more than "
@@ -672,14 +867,30 @@ def main() -> int:
     parser.add_argument("--checkpoint-at", type=int, default=720, help="simulated minute")
     parser.add_argument("--seed", type=int, default=19)
     parser.add_argument(
+        "--rollup-every", type=int, default=1, help="simulated minutes between rollup runs"
+    )
+    parser.add_argument(
+        "--checkpoint-minutes",
+        type=int,
+        default=CHECKPOINT_INTERVAL_MIN,
+        help="checkpoint_timeout to model: full-page images measured over that many minutes",
+    )
+    parser.add_argument("--wal-compression", default="off", help="off, pglz, lz4 or zstd")
+    parser.add_argument(
         "--push-ms", type=float, default=3.67, help="ms per 8-GPU push, bench/ingest.py"
     )
     parser.add_argument("--json", type=Path, help="write the measured figures here")
     parser.add_argument("--from-json", type=Path, help="derive from figures saved by --json")
     parser.add_argument("--keep", action="store_true", help="keep the database")
+    parser.add_argument(
+        "--compare", type=Path, help="figures of a run of the code before (--json): side by side"
+    )
     args = parser.parse_args()
     if args.from_json:
-        report(Figures(**json.loads(args.from_json.read_text())), args.push_ms)
+        figures = Figures(**json.loads(args.from_json.read_text()))
+        report(figures, args.push_ms)
+        if args.compare:
+            compare(Figures(**json.loads(args.compare.read_text())), figures)
         return 0
     if args.minutes < 60:
         parser.error("--minutes: at least one whole hour (60)")
@@ -707,6 +918,8 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(asdict(figures), indent=1) + "\n")
     report(figures, args.push_ms)
+    if args.compare:
+        compare(Figures(**json.loads(args.compare.read_text())), figures)
     return 0
 
 

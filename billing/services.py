@@ -15,6 +15,7 @@ from billing.models import CostProfile, WorkloadTeamRule
 from fleet.identifiers import text_error
 from fleet.models import FleetSettings, Gpu, Node, Pool, Site, Team
 from fleet.services import ApplyResult, FleetFileError, fleet_decimal, fleet_file_apply
+from telemetry.queue import queue_partitions_apply
 
 _SCOPE_MODELS: dict[str, tuple[Any, str]] = {
     "gpu": (Gpu, "uuid"),
@@ -220,6 +221,7 @@ def fleet_document_apply(*, document: dict[str, Any]) -> ApplyResult:
     new_pools = frozenset(Pool.objects.values_list("name", flat=True)) - existing
     breakeven_workloads_apply(document=document, result=result, new_pools=new_pools)
     workload_teams_apply(rows=document.get("workload_teams", []), result=result)
+    queue_partitions_apply(document=document, result=result)
     for section_apply in _FLEET_SECTIONS.values():
         section_apply(document=document, result=result)
     if result.gpus_window_changed:

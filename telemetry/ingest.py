@@ -26,16 +26,21 @@ from fleet.models import Gpu, Node
 from fleet.services import gpu_model_for_name
 from telemetry import ingest_store
 from telemetry.wire import (
+    JOB_MODEL_MAX,
+    JOB_PARTS_SLACK,
+    MIG_SLICES_DEFAULT,
     REJECT_CLOCK_AHEAD,
     REJECT_NOT_REGISTERED,
     REJECT_OTHER_NODE,
     REJECT_TOO_OLD,
     REJECT_UNKNOWN_GPU,
+    REJECT_UNKNOWN_INSTANCE,
     SHARE_SLACK_S,
     THROTTLE_KEYS,
     WORKLOAD_TEXT_MAX,
     GpuIn,
     IngestError,
+    JobIn,
     NodeIn,
     Rejected,
     SampleIn,
@@ -51,6 +56,7 @@ FUTURE_TOLERANCE_S = 300
 _NO_THROTTLE: tuple[float | None, ...] = (None, None, None, None, None)
 _NOT_OWNED = "this GPU belongs to another node"
 _UNKNOWN = "unknown GPU: list it in the push's gpus block"
+_UNKNOWN_INSTANCE = "not a MIG instance of this GPU: list it in the GPU's mig block"
 
 
 @dataclass
@@ -218,6 +224,9 @@ def samples_validate(
     node_id: int,
     now: dt.datetime,
     unregistered: dict[str, str] | None = None,
+    jobs: list[tuple[int, JobIn, WorkloadIn | None]] | None = None,
+    instances: dict[str, ingest_store.InstanceRef] | None = None,
+    instance_rows: list[InstanceRow] | None = None,
 ) -> tuple[list[tuple[Any, ...]], list[int], list[Rejected], list[tuple[int, list[WorkloadIn]]]]:
     """The checks that need the server's state → (rows in ``ingest_store.COLUMNS`` order, the
     push index of each row, rejects, and per row with workloads its position and workloads,
@@ -225,7 +234,12 @@ def samples_validate(
 
     Pure: reads only its arguments. ``samples`` holds a :class:`Rejected` where the sample
     failed to decode, so indices stay those of the push; ``unregistered`` says why a GPU of
-    the push was not registered.
+    the push was not registered; ``jobs``, when given, gets per valid row with a ``job`` its
+    position, the job and the workload it belongs to (for :func:`jobs_rows`).
+
+    A sample naming ``instance`` (a MIG instance of its GPU, in ``instances``) passes the same
+    checks and goes to ``instance_rows`` instead (:class:`InstanceRow`); without
+    ``instance_rows`` it is rejected like any sample naming an unknown instance.
     """
     now_ts = now.timestamp()
     latest_end = now_ts + FUTURE_TOLERANCE_S
@@ -322,12 +336,34 @@ def samples_validate(
         if s.prof_s is not None and s.prof_s > seconds:
             rejected.append(Rejected(i, "prof_s", "must be a number within 1–seconds"))
             continue
+        if s.instance is not None:
+            inst = instances.get(s.instance) if instances else None
+            if inst is None or inst.gpu_id != ref.id or instance_rows is None:
+                rejected.append(Rejected(i, "instance", _UNKNOWN_INSTANCE, REJECT_UNKNOWN_INSTANCE))
+                continue
+            if s.workloads:
+                problem = _workloads_error(s.workloads, seconds)
+                if problem is not None:
+                    rejected.append(Rejected(i, *problem))
+                    continue
+            # ``job`` is the GPU sample's business: not stored for an instance
+            instance_rows.append(InstanceRow(i, inst, s, now))
+            continue
+        job_workload: WorkloadIn | None = None
+        if s.job is not None:
+            job_problem = _job_error(s.job, s.workloads, seconds)
+            if isinstance(job_problem, tuple):
+                rejected.append(Rejected(i, *job_problem))
+                continue
+            job_workload = job_problem
         if s.workloads:
             problem = _workloads_error(s.workloads, seconds)
             if problem is not None:
                 rejected.append(Rejected(i, *problem))
                 continue
             workloads.append((len(rows), s.workloads))
+        if s.job is not None and jobs is not None:
+            jobs.append((len(rows), s.job, job_workload))
         rows.append(
             (
                 ref.id,
@@ -356,6 +392,96 @@ def samples_validate(
         )
         indices.append(i)
     return rows, indices, rejected, workloads
+
+
+@dataclass(slots=True)
+class InstanceRow:
+    """A valid instance sample: its push index, instance and sample (a row once its
+    workloads have ids: :meth:`row`)."""
+
+    index: int
+    instance: ingest_store.InstanceRef
+    sample: SampleIn
+    now: dt.datetime
+
+    def row(self, workload_ids: dict[tuple[str, str], int]) -> tuple[Any, ...]:
+        """In ``ingest_store.INSTANCE_COLUMNS`` order; workloads without an id are left out."""
+        s, inst = self.sample, self.instance
+        arrays: tuple[Any, Any, Any] = (None, None, None)
+        if s.workloads is not None:
+            known = [w for w in s.workloads if (w.kind, w.id) in workload_ids]
+            arrays = (
+                [workload_ids[(w.kind, w.id)] for w in known],
+                [w.share_s for w in known],
+                [w.air_s for w in known],
+            )
+        return (
+            inst.id,
+            inst.gpu_id,
+            s.start,
+            s.seconds,
+            inst.slices,
+            inst.gpu_slices,
+            s.util_pct,
+            s.mem_used_bytes,
+            s.procs,
+            s.active_s,
+            s.sm_active,
+            s.sm_occupancy,
+            s.tensor_active,
+            s.dram_active,
+            s.prof_s,
+            *arrays,
+            self.now,
+        )
+
+
+def instances_register(
+    *,
+    node_id: int,
+    block: list[GpuIn],
+    known: dict[str, GpuRef],
+    samples: list[SampleIn | Rejected],
+    now: dt.datetime,
+) -> dict[str, ingest_store.InstanceRef]:
+    """The MIG instances the push lists (for GPUs of this node) registered or brought up to
+    date, and those its samples name; nothing (no query) for a push with neither."""
+    wanted = {s.instance for s in samples if type(s) is SampleIn and s.instance is not None}
+    listed: list[ingest_store.InstanceListed] = []
+    listing: set[int] = set()
+    for g in block:
+        ref = known.get(g.uuid)
+        if g.mig is None or ref is None or ref.node_id != node_id:
+            continue
+        listing.add(ref.id)
+        total = MIG_SLICES_DEFAULT if g.mig_slices is None else g.mig_slices
+        listed += [
+            ingest_store.InstanceListed(
+                ref.id, m.uuid, m.gi, m.ci, m.profile, m.slices, m.memory_mb, total
+            )
+            for m in g.mig
+        ]
+    if not wanted and not listing:
+        return {}
+    return ingest_store.instances_register(
+        listed=listed, listing_gpus=listing, wanted=wanted, now=now
+    )
+
+
+def _instance_workload_ids(
+    node_id: int, instance_rows: list[InstanceRow], ids: dict[tuple[str, str], int]
+) -> dict[tuple[str, str], int]:
+    """``ids`` (the workloads the push's GPU samples registered) and those of the instance
+    samples' workloads registered before (the GPU sample of the same seconds names them)."""
+    missing: set[tuple[str, str]] = {
+        (w.kind, w.id)
+        for r in instance_rows
+        for w in r.sample.workloads or ()
+        if (w.kind, w.id) not in ids
+    }
+    if not missing:
+        return ids
+    return {**ids, **ingest_store.workload_ids_lookup(node_id, missing)}
 
 
 def _workloads_error(workloads: list[WorkloadIn], seconds: int) -> tuple[str, str] | None:
@@ -390,6 +516,87 @@ def _workloads_error(workloads: list[WorkloadIn], seconds: int) -> tuple[str, st
     return None
 
 
+def _job_error(
+    job: JobIn, workloads: list[WorkloadIn] | None, seconds: int
+) -> tuple[str, str] | WorkloadIn | None:
+    """The rules of docs/ingest.md for a sample's ``job`` → (field, error), or the workload of
+    ``workloads`` it belongs to (``None``: the sample names none)."""
+    error = text_error(job.model, max_length=JOB_MODEL_MAX)
+    if error is not None:
+        return "job.model", error
+    if job.wall_s > seconds:
+        return "job.wall_s", "must be a number within 0–seconds"
+    # Checked for each part, then for their sum; the slack covers the hook's clock reads.
+    limit = job.wall_s * JOB_PARTS_SLACK + 1e-6
+    for name, value in (
+        ("data_wait_s", job.data_wait_s),
+        ("compute_s", job.compute_s),
+        ("ckpt_s", job.ckpt_s),
+    ):
+        if value > limit:
+            return f"job.{name}", "must be a number within 0–wall_s"
+    parts = job.data_wait_s + job.compute_s + job.ckpt_s
+    if parts > limit:
+        return "job.wall_s", (
+            f"data_wait_s + compute_s + ckpt_s add up to {parts:g} s, more than wall_s "
+            f"({job.wall_s:g} s) allows"
+        )
+    if (job.kind is None) != (job.id is None):
+        return ("job.id" if job.id is None else "job.kind"), "required with job.kind and job.id"
+    if not workloads:
+        if job.kind is not None:
+            return "job.id", "names a workload, but the sample has no workloads"
+        return None
+    if job.kind is None:
+        # not said: the workload that held the GPU longest in the interval
+        return max(workloads, key=lambda w: w.share_s)
+    for w in workloads:
+        if w.kind == job.kind and w.id == job.id:
+            return w
+    return "job.id", "must name one of the sample's workloads (kind and id)"
+
+
+def jobs_rows(
+    *,
+    rows: list[tuple[Any, ...]],
+    jobs: list[tuple[int, JobIn, WorkloadIn | None]],
+    workload_ids: dict[tuple[str, str], int],
+) -> list[ingest_store.JobRow]:
+    """The job sums for ``ingest_store.push_store`` (``ingest_store.JOB_SUMS`` order) of the
+    valid rows, the first of a repeated (gpu, start) only (the one stored)."""
+    out: list[ingest_store.JobRow] = []
+    seen: set[tuple[int, dt.datetime]] = set()
+    for position, job, w in jobs:
+        row = rows[position]
+        key = (row[0], row[1])
+        if key in seen:
+            continue
+        seen.add(key)
+        workload_id = workload_ids.get((w.kind, w.id)) if w is not None else None
+        if w is not None and workload_id is None:
+            continue  # its sample is stored already (a duplicate): it will add nothing
+        flops = job.flops
+        out.append(
+            (
+                row[0],
+                row[1],
+                workload_id,
+                job.model,
+                job.steps,
+                job.samples,
+                job.tokens,
+                flops or 0.0,
+                job.ckpt_bytes,
+                job.wall_s,
+                job.data_wait_s,
+                job.compute_s,
+                job.ckpt_s,
+                job.wall_s if flops is not None else 0.0,
+            )
+        )
+    return out
+
+
 _ARRAYS = slice(-4, -1)  # where a row holds its workload arrays (ingest_store.COLUMNS)
 
 
@@ -401,9 +608,9 @@ def workloads_attach(
     token_id: int | None,
     now: dt.datetime,
     max_new_per_hour: int | None = None,
-) -> None:
+) -> dict[tuple[str, str], int]:
     """Register the workloads of the valid rows whose samples are new and put their ids,
-    shares and air seconds into those rows (in place).
+    shares and air seconds into those rows (in place); returns the ids by (kind, id).
 
     Only a sample that will be stored registers or renames workloads (docs/ingest.md): the
     store skips one whose (gpu, start) is stored already, and a repeat of a key earlier in
@@ -411,7 +618,7 @@ def workloads_attach(
     ``ingest_store.WorkloadCapExceeded`` and ``ingest_store.TokenRevoked``; both write
     nothing."""
     if not workloads:
-        return
+        return {}
     first: dict[tuple[int, dt.datetime], int] = {}
     for position, row in enumerate(rows):
         first.setdefault((row[0], row[1]), position)
@@ -438,6 +645,7 @@ def workloads_attach(
             [w.air_s for w in known],
         )
         rows[position] = (*row[: _ARRAYS.start], *arrays, row[-1])
+    return ids
 
 
 def _cap_error(exc: ingest_store.WorkloadCapExceeded, now: dt.datetime) -> IngestError:
@@ -503,11 +711,23 @@ def sample_batch_ingest(
         unregistered = gpus_register(
             node_id=node_id, block=push.gpus, known=gpus, now=now, token_id=token_id
         )
+    instances = instances_register(
+        node_id=node_id, block=push.gpus, known=gpus, samples=samples, now=now
+    )
+    jobs: list[tuple[int, JobIn, WorkloadIn | None]] = []
+    instance_rows: list[InstanceRow] = []
     rows, indices, rejected, workloads = samples_validate(
-        samples=samples, gpus=gpus, node_id=node_id, now=now, unregistered=unregistered
+        samples=samples,
+        gpus=gpus,
+        node_id=node_id,
+        now=now,
+        unregistered=unregistered,
+        jobs=jobs,
+        instances=instances,
+        instance_rows=instance_rows,
     )
     try:
-        workloads_attach(
+        workload_ids = workloads_attach(
             rows=rows,
             workloads=workloads,
             node_id=node_id,
@@ -518,14 +738,29 @@ def sample_batch_ingest(
     except ingest_store.WorkloadCapExceeded as exc:
         raise _cap_error(exc, now) from None
     stored = ingest_store.push_store(
-        rows=rows, node=_node_update(node_id, push.node), token_id=token_id, now=now
+        rows=rows,
+        node=_node_update(node_id, push.node),
+        token_id=token_id,
+        now=now,
+        jobs=jobs_rows(rows=rows, jobs=jobs, workload_ids=workload_ids) if jobs else (),
     )
     if stored.not_owned:
         # Moved to another node between the read and the write: refused as the read would.
         rejected += [
             Rejected(indices[p], "gpu", _NOT_OWNED, REJECT_OTHER_NODE) for p in stored.not_owned
         ]
-        rejected.sort(key=lambda r: r.index)
+    if instance_rows:
+        ids = _instance_workload_ids(node_id, instance_rows, workload_ids)
+        inst_stored = ingest_store.instances_store(
+            rows=[r.row(ids) for r in instance_rows], node_id=node_id, token_id=token_id
+        )
+        stored.accepted += inst_stored.accepted
+        stored.duplicates += inst_stored.duplicates
+        rejected += [
+            Rejected(instance_rows[p].index, "gpu", _NOT_OWNED, REJECT_OTHER_NODE)
+            for p in inst_stored.not_owned
+        ]
+    rejected.sort(key=lambda r: r.index)
     result = IngestResult(accepted=stored.accepted, duplicates=stored.duplicates, rejected=rejected)
     values = {
         "ingest_samples_accepted": result.accepted,

@@ -103,6 +103,80 @@ COPY_TYPES = (
 STAGE_TABLE = "telemetry_ingest_stage"
 _COLS = ", ".join(COLUMNS)
 
+# --- job sums (docs/ingest.md, "job") ----------------------------------------------------------
+# What ingest hands over per valid sample with a ``job``: (gpu_id, start, workload_id or None,
+# model, then JOB_SUMS in order). They are added to ``telemetry_jobhour`` (gpu, hour, workload,
+# model) in the samples' own transaction, for the samples really inserted only: a duplicate
+# sample adds nothing, exactly as it stores nothing.
+JOB_SUMS = (
+    "steps",
+    "samples",
+    "tokens",
+    "flops",
+    "ckpt_bytes",
+    "wall_s",
+    "data_wait_s",
+    "compute_s",
+    "ckpt_s",
+    "flops_wall_s",
+)
+JobRow = tuple[Any, ...]
+_JOB_COLS = "gpu_id, hour, workload_id, model, reports, " + ", ".join(JOB_SUMS)
+_JOB_ADD = ", ".join(f"{c} = telemetry_jobhour.{c} + excluded.{c}" for c in ("reports", *JOB_SUMS))
+_JOB_CONFLICT = f"""ON CONFLICT (gpu_id, hour, (COALESCE(workload_id, 0)), model) DO UPDATE
+    SET {_JOB_ADD}"""  # noqa: S608 - constants of this module
+# PostgreSQL, within a statement whose ``inserted`` CTE returns the samples really inserted:
+# the jobs (one JSON parameter) of those samples, summed per key first (ON CONFLICT may not
+# touch one row twice in a statement).
+_JOBS_FROM_INSERTED = f"""), jobs AS (
+    INSERT INTO telemetry_jobhour ({_JOB_COLS})
+    SELECT j.gpu_id, date_trunc('hour', j.start, 'UTC'), j.workload_id, j.model, count(*),
+           {", ".join(f"sum(j.{c})" for c in JOB_SUMS)}
+    FROM json_to_recordset(%s::json) AS j(
+        gpu_id int8, start timestamptz, workload_id int8, model text,
+        {", ".join(f"{c} float8" for c in JOB_SUMS)})
+    JOIN inserted AS i ON i.gpu_id = j.gpu_id AND i.start = j.start
+    GROUP BY 1, 2, 3, 4
+    {_JOB_CONFLICT}
+"""  # noqa: S608 - constants of this module
+
+
+def _jobs_json(jobs: Sequence[JobRow]) -> str:
+    names = ("gpu_id", "start", "workload_id", "model", *JOB_SUMS)
+    return msgspec.json.encode([dict(zip(names, j, strict=True)) for j in jobs]).decode()
+
+
+def _jobs_add(jobs: Sequence[JobRow]) -> None:
+    """Add ``jobs`` (of samples all inserted) to their hours, summed per key first: the
+    paths that know their inserted rows (direct COPY, SQLite)."""
+    if not jobs:
+        return
+    sums: dict[tuple[Any, ...], list[Any]] = {}
+    for j in jobs:
+        key = (j[0], _hour(j[1]), j[2], j[3])
+        acc = sums.get(key)
+        if acc is None:
+            sums[key] = [1, *j[4:]]
+        else:
+            acc[0] += 1
+            for k, v in enumerate(j[4:], start=1):
+                acc[k] += v
+    adapt = connection.ops.adapt_datetimefield_value
+    one = "(" + ", ".join(["%s"] * (5 + len(JOB_SUMS))) + ")"
+    items = list(sums.items())
+    with connection.cursor() as cursor:
+        for at in range(0, len(items), SQLITE_CHUNK_ROWS):
+            chunk = items[at : at + SQLITE_CHUNK_ROWS]
+            params: list[Any] = []
+            for (gpu_id, hour, workload_id, model), acc in chunk:
+                params += [gpu_id, adapt(hour), workload_id, model, *acc]
+            cursor.execute(
+                f"INSERT INTO telemetry_jobhour ({_JOB_COLS}) VALUES "  # noqa: S608
+                + ", ".join([one] * len(chunk))
+                + f" {_JOB_CONFLICT}",
+                params,
+            )
+
 
 @dataclass(frozen=True, slots=True)
 class NodeUpdate:
@@ -556,10 +630,20 @@ SELECT token, (SELECT count(*) FROM inserted), (SELECT count(*) FROM owned),
        ARRAY(SELECT pos FROM v WHERE pos NOT IN (SELECT pos FROM owned) ORDER BY pos)
 FROM ok
 """  # noqa: S608 - table and column names are constants of this module
+# The same with the samples' job sums (one more parameter, last): a push without jobs keeps
+# the statement above, which it has prepared already.
+_ONE_STATEMENT_JOBS = _ONE_STATEMENT.replace(
+    "\n)\nSELECT token,", "\n" + _JOBS_FROM_INSERTED + ")\nSELECT token,", 1
+)
+assert _ONE_STATEMENT_JOBS != _ONE_STATEMENT
 
 
 def _store_one_statement(
-    rows: Sequence[tuple[Any, ...]], node: NodeUpdate, token_id: int | None, now: dt.datetime
+    rows: Sequence[tuple[Any, ...]],
+    node: NodeUpdate,
+    token_id: int | None,
+    now: dt.datetime,
+    jobs: Sequence[JobRow] = (),
 ) -> Stored:
     records = [{"pos": i, **dict(zip(COLUMNS, row, strict=True))} for i, row in enumerate(rows)]
     params: list[Any] = [
@@ -571,8 +655,12 @@ def _store_one_statement(
         now,
         *_node_update_params(node, now),
     ]
+    sql = _ONE_STATEMENT
+    if jobs:
+        sql = _ONE_STATEMENT_JOBS
+        params.append(_jobs_json(jobs))
     with prepared_cursor() as cursor:
-        cursor.execute(_ONE_STATEMENT, params)
+        cursor.execute(sql, params)
         token_ok, inserted, owned, not_owned = cursor.fetchone()
     if not token_ok:
         raise TokenRevoked("the node token was revoked")
@@ -638,9 +726,12 @@ def push_store(
     node: NodeUpdate,
     token_id: int | None,
     now: dt.datetime,
+    jobs: Sequence[JobRow] = (),
 ) -> Stored:
     """Store one push of node ``node.node_id`` (module docstring): its rows (duplicates change
     nothing), each GPU's first/last seen, the hours to roll up and the node row, all or nothing.
+    ``jobs``: the job sums of its samples (:data:`JobRow`, at most one per (gpu, start)),
+    added for the samples inserted, in the same transaction.
 
     ``token_id``: the node token it came with, checked live within the write (None: a caller
     that needs none, such as the demo's history). Raises :class:`TokenRevoked`; database errors
@@ -648,13 +739,13 @@ def push_store(
     """
     if connection.vendor == "postgresql" and len(rows) <= ONE_STATEMENT_MAX_ROWS:
         # Also an empty push (the node row and the token check): one round trip.
-        return _store_one_statement(rows, node, token_id, now)
+        return _store_one_statement(rows, node, token_id, now, jobs)
     with transaction.atomic():
         kept, not_owned = _checked_in_transaction(rows, node, token_id)
         if connection.vendor == "postgresql":
-            accepted = _store_postgresql(kept, now)
+            accepted = _store_postgresql(kept, now, jobs)
         else:
-            accepted = _store_generic(kept, now)
+            accepted = _store_generic(kept, now, jobs)
         with connection.cursor() as cursor:
             cursor.execute(_NODE_UPDATE, _node_update_params(node, now))
     return Stored(accepted=accepted, duplicates=len(kept) - accepted, not_owned=not_owned)
@@ -700,6 +791,10 @@ WITH staged AS (
 {_SEEN_FROM_INSERTED})
 SELECT date_trunc('hour', start, 'UTC'), count(*) FROM inserted GROUP BY 1
 """  # noqa: S608 - table and column names are constants of this module
+_STAGE_MERGE_JOBS = _STAGE_MERGE.replace(
+    "\n)\nSELECT date_trunc", "\n" + _JOBS_FROM_INSERTED + ")\nSELECT date_trunc", 1
+)
+assert _STAGE_MERGE_JOBS != _STAGE_MERGE
 
 # Raw psycopg connections whose session already holds the staging table (set after a commit:
 # a rolled-back CREATE leaves no table behind).
@@ -710,7 +805,9 @@ class _Duplicate(Exception):
     """The direct COPY met a sample already stored (or one twice in the batch)."""
 
 
-def _store_postgresql(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+def _store_postgresql(
+    rows: Sequence[tuple[Any, ...]], now: dt.datetime, jobs: Sequence[JobRow] = ()
+) -> int:
     """Nearly every push holds only new samples: binary COPY straight into the partitioned
     table batches its inserts, where ``INSERT … ON CONFLICT`` checks row by row (it doubled a
     1,000-sample batch's database time). A duplicate fails the COPY: its savepoint is rolled
@@ -720,9 +817,12 @@ def _store_postgresql(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
     try:
         with transaction.atomic():
             _store_direct(rows, now)
+            # every row was inserted: so were the samples of every job whose GPU is kept
+            kept = {row[0] for row in rows}
+            _jobs_add([j for j in jobs if j[0] in kept])
         return len(rows)
     except _Duplicate:
-        return _store_staged(rows, now)
+        return _store_staged(rows, now, jobs)
 
 
 def _copy(cursor: Any, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -757,7 +857,9 @@ def _store_direct(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> None:
         prepared.execute(_GPU_SEEN, params)
 
 
-def _store_staged(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+def _store_staged(
+    rows: Sequence[tuple[Any, ...]], now: dt.datetime, jobs: Sequence[JobRow] = ()
+) -> int:
     connection.ensure_connection()
     raw = connection.connection
     with connection.cursor() as cursor:
@@ -765,7 +867,10 @@ def _store_staged(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
             cursor.execute(_STAGE_CREATE)
             connection.on_commit(lambda: _staged_sessions.add(raw))
         _copy(cursor, _STAGE_COPY, rows)
-        cursor.execute(_STAGE_MERGE, [now])
+        if jobs:
+            cursor.execute(_STAGE_MERGE_JOBS, [now, _jobs_json(jobs)])
+        else:
+            cursor.execute(_STAGE_MERGE, [now])
         touched = cursor.fetchall()
     hours_mark(hour for hour, _ in touched)
     return sum(n for _, n in touched)
@@ -803,7 +908,9 @@ def _seen_per_gpu(
 SQLITE_CHUNK_ROWS = 1000
 
 
-def _store_generic(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+def _store_generic(
+    rows: Sequence[tuple[Any, ...]], now: dt.datetime, jobs: Sequence[JobRow] = ()
+) -> int:
     """SQLite (the embedded default): small volumes, so plain SQL and the ORM suffice."""
     adapt = _sqlite_adapters()
     by_key: dict[tuple[int, Any], tuple[Any, ...]] = {}
@@ -835,6 +942,9 @@ def _store_generic(rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
             last_seen_at=Greatest(Coalesce("last_seen_at", last_v), last_v),
         )
     hours_mark({_hour(row[1]) for row in inserted})
+    if jobs:
+        new = {(row[0], row[1]) for row in inserted}
+        _jobs_add([j for j in jobs if (j[0], j[1]) in new])
     return len(inserted)
 
 
@@ -850,3 +960,223 @@ def _sqlite_adapters() -> list[Callable[[Any], Any] | None]:
 
 def _json_list(values: Sequence[Any]) -> str:
     return json.dumps(list(values))
+
+
+# --- MIG instances (docs/ingest.md, "mig" and "instance") ---------------------------------------
+# A push without a ``mig`` block and without instance samples costs nothing here.
+INSTANCE_COLUMNS = (
+    "instance_id",
+    "gpu_id",
+    "start",
+    "seconds",
+    "slices",
+    "gpu_slices",
+    "util_pct",
+    "mem_used_bytes",
+    "procs",
+    "active_s",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "prof_s",
+    "workload_ids",
+    "workload_share_s",
+    "workload_air_s",
+    "received_at",
+)
+_INSTANCE_COLS = ", ".join(INSTANCE_COLUMNS)
+# An instance's last seen needs no finer resolution than a GPU's.
+INSTANCE_SEEN_RESOLUTION = dt.timedelta(seconds=GPU_SEEN_RESOLUTION_S)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRef:
+    """What ingest needs of one MIG instance row."""
+
+    id: int
+    gpu_id: int
+    slices: int
+    gpu_slices: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceListed:
+    """One instance of a GPU's ``mig`` block (a GPU the pushing node owns)."""
+
+    gpu_id: int
+    uuid: str
+    gi: int
+    ci: int
+    profile: str
+    slices: int
+    memory_mb: int
+    gpu_slices: int
+
+
+def instances_register(
+    *,
+    listed: Sequence[InstanceListed],
+    listing_gpus: set[int],
+    wanted: set[str],
+    now: dt.datetime,
+) -> dict[str, InstanceRef]:
+    """Register the instances of the push's ``mig`` blocks and bring changed ones up to
+    date; mark the instances of ``listing_gpus`` (the GPUs whose block has ``mig``) that the
+    block no longer lists as gone (and one listed again as back). Returns every instance
+    among the listed and ``wanted`` (the samples' ``instance`` values), by MIG UUID, whichever
+    GPU it belongs to (the caller checks the sample's GPU). An instance already registered to
+    another GPU keeps its GPU."""
+    from telemetry.models import MigInstance
+
+    uuids = {m.uuid for m in listed} | wanted
+    rows = {
+        r.uuid: r
+        for r in MigInstance.objects.filter(uuid__in=uuids).only(
+            "id",
+            "uuid",
+            "gpu_id",
+            "gi",
+            "ci",
+            "profile",
+            "slices",
+            "memory_mb",
+            "gpu_slices",
+            "last_seen_at",
+            "gone_at",
+        )
+    }
+    if listed or listing_gpus:
+        with transaction.atomic():
+            new = [
+                MigInstance(
+                    gpu_id=m.gpu_id,
+                    uuid=m.uuid,
+                    gi=m.gi,
+                    ci=m.ci,
+                    profile=m.profile,
+                    slices=m.slices,
+                    memory_mb=m.memory_mb,
+                    gpu_slices=m.gpu_slices,
+                    first_seen_at=now,
+                    last_seen_at=now,
+                )
+                for m in listed
+                if m.uuid not in rows
+            ]
+            if new:
+                # two pushes may register one instance at once: the unique uuid settles it
+                MigInstance.objects.bulk_create(new, ignore_conflicts=True)
+                rows.update(
+                    {r.uuid: r for r in MigInstance.objects.filter(uuid__in=[n.uuid for n in new])}
+                )
+            due = now - INSTANCE_SEEN_RESOLUTION
+            for m in listed:
+                r = rows[m.uuid]
+                if r.gpu_id != m.gpu_id:
+                    continue  # another GPU's instance: left alone
+                values = {
+                    "gi": m.gi,
+                    "ci": m.ci,
+                    "profile": m.profile,
+                    "slices": m.slices,
+                    "memory_mb": m.memory_mb,
+                    "gpu_slices": m.gpu_slices,
+                }
+                changes = {k: v for k, v in values.items() if getattr(r, k) != v}
+                if r.gone_at is not None:
+                    changes["gone_at"] = None
+                if changes or r.last_seen_at <= due:
+                    changes["last_seen_at"] = now
+                    MigInstance.objects.filter(pk=r.pk).update(**changes)
+                    for k, v in changes.items():
+                        setattr(r, k, v)
+            if listing_gpus:
+                still = {m.uuid for m in listed}
+                MigInstance.objects.filter(gpu_id__in=listing_gpus, gone_at__isnull=True).exclude(
+                    uuid__in=still
+                ).update(gone_at=now)
+    return {u: InstanceRef(r.pk, r.gpu_id, r.slices, r.gpu_slices) for u, r in rows.items()}
+
+
+def workload_ids_lookup(node_id: int, keys: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """The ids of registered workloads (kind, id) of the node's site (its own, else its
+    pool's; none: site 0), for instance samples whose GPU sample registered nothing new."""
+    if not keys:
+        return {}
+    site = _NODE_SITE.format(node="%s")
+    marks = ", ".join(["(%s, %s)"] * len(keys))
+    params: list[Any] = [node_id]
+    for kind, key in sorted(keys):
+        params += [kind, key]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT kind, key, id FROM telemetry_workload "  # noqa: S608 - constants
+            f"WHERE COALESCE(site_id, 0) = COALESCE({site}, 0) AND (kind, key) IN ({marks})",
+            params,
+        )
+        return {(kind, key): pk for kind, key, pk in cursor.fetchall()}
+
+
+def instances_store(
+    *, rows: Sequence[tuple[Any, ...]], node_id: int, token_id: int | None
+) -> Stored:
+    """Store instance samples (:data:`INSTANCE_COLUMNS` order) of node ``node_id``:
+    duplicates ``(instance, start)`` change nothing; rows of a GPU the node no longer owns
+    come back in ``not_owned``; their hours are marked for the rollup. One transaction."""
+    if not rows:
+        return Stored()
+    with transaction.atomic():
+        if token_id is not None and not token_live(token_id):
+            raise TokenRevoked("the node token was revoked")
+        gpu_ids = sorted({row[1] for row in rows})
+        with connection.cursor() as cursor:
+            ids = ", ".join(["%s"] * len(gpu_ids))
+            cursor.execute(
+                f"SELECT id FROM fleet_gpu WHERE node_id = %s AND id IN ({ids})",  # noqa: S608
+                [node_id, *gpu_ids],
+            )
+            owned = {gpu_id for (gpu_id,) in cursor.fetchall()}
+            kept = [row for row in rows if row[1] in owned]
+            not_owned = [i for i, row in enumerate(rows) if row[1] not in owned]
+            adapt = _sqlite_instance_adapters() if connection.vendor != "postgresql" else None
+            one = "(" + ", ".join(["%s"] * len(INSTANCE_COLUMNS)) + ")"
+            inserted: list[Any] = []
+            for at in range(0, len(kept), SQLITE_CHUNK_ROWS // 2):
+                chunk = kept[at : at + SQLITE_CHUNK_ROWS // 2]
+                params: list[Any] = []
+                for row in chunk:
+                    if adapt is None:
+                        params += row
+                    else:
+                        params += [
+                            v if f is None or v is None else f(v)
+                            for f, v in zip(adapt, row, strict=True)
+                        ]
+                cursor.execute(
+                    f"INSERT INTO telemetry_instancesample ({_INSTANCE_COLS}) VALUES "  # noqa: S608
+                    + ", ".join([one] * len(chunk))
+                    + " ON CONFLICT (instance_id, start) DO NOTHING RETURNING start",
+                    params,
+                )
+                inserted += [start for (start,) in cursor.fetchall()]
+        hours_mark({_hour(_aware(start)) for start in inserted})
+    return Stored(accepted=len(inserted), duplicates=len(kept) - len(inserted), not_owned=not_owned)
+
+
+def _aware(start: Any) -> dt.datetime:
+    """A start as the driver hands it back (SQLite: naive UTC, or stored text) → aware UTC."""
+    moment = start if isinstance(start, dt.datetime) else dt.datetime.fromisoformat(str(start))
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def _sqlite_instance_adapters() -> list[Callable[[Any], Any] | None]:
+    times = connection.ops.adapt_datetimefield_value
+    return [
+        times
+        if c in ("start", "received_at")
+        else _json_list
+        if c.startswith("workload_")
+        else None
+        for c in INSTANCE_COLUMNS
+    ]

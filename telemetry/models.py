@@ -371,7 +371,8 @@ class HourlyUsage(UsageSums, Attribution):
     chargeback history does not move when the GPU does. Seconds, not hours, so sums stay exact.
     """
 
-    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
+    # Looked up by the unique (gpu, hour), whose first column it is: no index of its own.
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False)
     hour = models.DateTimeField()
     power_w_mean = models.FloatField(null=True)
     power_w_max = models.FloatField(null=True)
@@ -383,6 +384,10 @@ class HourlyUsage(UsageSums, Attribution):
     computed_at = models.DateTimeField()
 
     class Meta:
+        # The rollup rewrites the open hour's row every minute, changing no indexed column,
+        # so each rewrite can be a HOT update (no index entry written) when the row's page
+        # has room for the new version: the table is stored with fillfactor 50 (migration
+        # 0114_rollup_wal; Django has no option for it), as are DailyUsage and MonthlyUsage.
         constraints = [
             models.UniqueConstraint(fields=["gpu", "hour"], name="telemetry_hourly_gpu_hour")
         ]
@@ -531,22 +536,19 @@ class DailyUsage(UsageSums, Attribution):
     wholesale when the report time zone changes. Seconds and joules only: no money here.
     """
 
-    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
+    # Looked up by (gpu, day), whose first column it is: no index of its own.
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False)
     day = models.DateField()
     hours = models.IntegerField(default=0, help_text="HourlyUsage rows summed here")
 
     class Meta:
+        # No index may name a column the rollup changes (hours, the sums), or no rewrite of
+        # the day's row could be a HOT update: the partial index of the days that observed
+        # more than their hours (observed_s > hours × 3600) is gone (issue 46), and no query
+        # used it (its one reader writes 3600 × hours, which the planner does not match).
         indexes = [
             models.Index(fields=["gpu", "day"], name="telemetry_daily_gpu_day"),
             models.Index(fields=["day"], name="telemetry_daily_day"),
-            # The rare days that observed more than they have hours (overlapping samples):
-            # a closed month's late data asks which GPUs of a month have one (a few rows to
-            # read where its month holds 300,000 at 10,000 GPUs; issue 19).
-            models.Index(
-                fields=["day"],
-                name="telemetry_daily_over",
-                condition=models.Q(observed_s__gt=models.F("hours") * 3600),
-            ),
         ]
 
     def __str__(self) -> str:
@@ -564,7 +566,8 @@ class MonthlyUsage(UsageSums, Attribution):
     (``DailyUsageState``). Seconds and joules only: no money here.
     """
 
-    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False)
+    # Looked up by (gpu, month), whose first column it is: no index of its own.
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False)
     month = models.DateField(help_text="The month's first day")
     hours = models.IntegerField(default=0, help_text="HourlyUsage rows summed here")
 
@@ -587,3 +590,261 @@ class DailyUsageState(models.Model):
 
     def __str__(self) -> str:
         return f"daily usage in {self.zone}"
+
+
+# --- queue pressure (DESIGN.md §9.2, docs/ingest.md "Queue") -----------------------------------
+QUEUE_KINDS = ("slurm", "k8s")
+QUEUE_CLASSES = ("capacity", "policy", "user")
+
+
+class QueueCluster(models.Model):
+    """One batch cluster (a Slurm cluster, a Kubernetes cluster) whose pending GPU jobs an
+    agent pushes to ``POST /api/v1/queue``. ``node`` owns it: the first node to push for it
+    (or, after its node was deleted, the next one); another node's push is refused.
+    ``last_at`` is the time of the latest snapshot applied: the start of the next interval,
+    and what makes a resent snapshot change nothing."""
+
+    name = models.CharField(max_length=100, unique=True)
+    node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The node whose agent pushes this cluster's queue: the first to push it",
+    )
+    last_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class QueuePartition(models.Model):
+    """One ``[[partitions]]`` entry of the fleet file: a partition (Slurm partition, queue)
+    of a cluster and the pools whose GPUs its jobs would run on. The rows are exactly those
+    of the fleet file (``telemetry.queue.queue_partitions_apply``); pending stretches name
+    their partition as text, so dropping an entry loses no history."""
+
+    cluster = models.ForeignKey(QueueCluster, on_delete=models.CASCADE, related_name="partitions")
+    name = models.CharField(max_length=100)
+    pools = models.ManyToManyField(Pool, related_name="+", blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="telemetry_queue_partition")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.name}"
+
+
+class PendingStretch(models.Model):
+    """One job's stretch of pending with the same user, account, partition, GPUs, GPU model
+    and reason class, from the first snapshot that listed it so to the first that did not
+    (``ended_at``; null while it is still pending). A change of any of those closes the
+    stretch (``split``) and opens the next, which carries the job's ``wait_started_at``: a
+    job's wait is that of its chain's last stretch (``split`` false). ``last_seen_at`` is
+    written when the stretch closes; while open it is its cluster's ``last_at``. The reason
+    text, submit and eligible times are the latest sent."""
+
+    cluster = models.ForeignKey(QueueCluster, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=10, choices=[(k, k) for k in QUEUE_KINDS])
+    job_id = models.CharField(max_length=200)
+    user_name = models.CharField(max_length=200, blank=True)
+    account = models.CharField(max_length=200, blank=True)
+    partition = models.CharField(max_length=200, blank=True)
+    gpus = models.PositiveIntegerField()
+    gpu_model = models.CharField(max_length=100, blank=True)
+    reason_class = models.CharField(max_length=10, choices=[(c, c) for c in QUEUE_CLASSES])
+    reason = models.CharField(max_length=200)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    eligible_at = models.DateTimeField(null=True, blank=True)
+    wait_started_at = models.DateTimeField()
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    split = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            # At most one open stretch per job: what a snapshot is compared against.
+            models.UniqueConstraint(
+                fields=["cluster", "kind", "job_id"],
+                condition=models.Q(ended_at__isnull=True),
+                name="telemetry_pending_open",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["wait_started_at"], name="telemetry_pending_wait_start"),
+            models.Index(fields=["ended_at"], name="telemetry_pending_ended"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.job_id} pending from {self.first_seen_at:%Y-%m-%d %H:%M}"
+
+
+class QueueWaitHourly(models.Model):
+    """GPU-seconds waited in one UTC hour by the pending jobs of one (cluster, partition,
+    account, user, reason class): Σ gpus × Δt over the intervals between snapshots, Δt
+    capped at ``telemetry.queue.INTERVAL_CAP_S``. Added to at each snapshot, never
+    recomputed."""
+
+    cluster = models.ForeignKey(QueueCluster, on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+    partition = models.CharField(max_length=200, blank=True)
+    account = models.CharField(max_length=200, blank=True)
+    user_name = models.CharField(max_length=200, blank=True)
+    reason_class = models.CharField(max_length=10, choices=[(c, c) for c in QUEUE_CLASSES])
+    gpu_seconds = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "hour", "partition", "account", "user_name", "reason_class"],
+                name="telemetry_queue_wait_hour",
+            )
+        ]
+        indexes = [models.Index(fields=["hour"], name="telemetry_queue_wait_hour_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id} {self.partition} @ {self.hour:%Y-%m-%d %H}h"
+
+
+# --- job efficiency (DESIGN.md §9.4, docs/ingest.md "job") --------------------------------------
+class JobHour(models.Model):
+    """What the training loop of one workload reported for one GPU over one UTC hour, under
+    one model name: the sums of the ``job`` of its samples (docs/ingest.md), added by ingest in
+    the samples' own transaction (a duplicate sample adds nothing). Counts are this GPU's part
+    of the job's (the agent splits them over the job's GPUs); times are the job's wall, data
+    wait, compute and checkpoint seconds on this GPU, so Σ ``wall_s`` is GPU seconds.
+    ``flops_wall_s``: the wall seconds of the samples whose job gave flops (MFU's
+    denominator). ``workload`` null: a sample without workloads."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False)
+    hour = models.DateTimeField()
+    workload = models.ForeignKey(
+        Workload, null=True, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False
+    )
+    model = models.CharField(max_length=200)
+    reports = models.IntegerField(default=0, help_text="Samples whose job was added here")
+    steps = models.FloatField(default=0)
+    samples = models.FloatField(default=0)
+    tokens = models.FloatField(default=0)
+    flops = models.FloatField(default=0)
+    ckpt_bytes = models.FloatField(default=0)
+    wall_s = models.FloatField(default=0)
+    data_wait_s = models.FloatField(default=0)
+    compute_s = models.FloatField(default=0)
+    ckpt_s = models.FloatField(default=0)
+    flops_wall_s = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [
+            # Coalesce: a sample without workloads adds to one row, not one per NULL.
+            models.UniqueConstraint(
+                "gpu",
+                "hour",
+                Coalesce("workload", Value(0)),
+                "model",
+                name="telemetry_jobhour_key",
+            )
+        ]
+        indexes = [models.Index(fields=["hour"], name="telemetry_jobhour_hour")]
+
+    def __str__(self) -> str:
+        return f"{self.model} on gpu {self.gpu_id} @ {self.hour:%Y-%m-%d %H}h"
+
+
+# --- MIG (DESIGN.md §9.5; docs/ingest.md, "mig" and "instance") ---------------------------------
+class MigInstance(models.Model):
+    """A MIG instance of a GPU, as the GPU's ``mig`` block named it. A MIG UUID is new for
+    every instance created, so a reconfigured GPU gets new rows; those destroyed keep theirs
+    (``gone_at``: first push whose block no longer listed it), with the samples they have."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="mig_instances")
+    uuid = models.CharField(max_length=100, unique=True)
+    gi = models.SmallIntegerField(help_text="GPU instance id")
+    ci = models.SmallIntegerField(help_text="Compute instance id")
+    profile = models.CharField(max_length=50, help_text="NVIDIA's profile name, e.g. 3g.40gb")
+    slices = models.SmallIntegerField(help_text="The GPU instance's slices")
+    memory_mb = models.BigIntegerField()
+    gpu_slices = models.SmallIntegerField(default=7, help_text="The GPU's slices (mig_slices)")
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    gone_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.profile} {self.uuid} on gpu {self.gpu_id}"
+
+
+class InstanceSample(models.Model):
+    """One MIG instance over ``[start, start + seconds)`` (a sample with ``instance``).
+
+    Its own table, not rows of ``Sample``: the GPU's samples stay one per (gpu, start), so
+    every reader of them (rollups, selectors) counts each GPU second once, and the GPU's own
+    sample already carries the slice-weighted utilisation and workload shares (docs/agent.md,
+    "MIG"). ``slices`` and ``gpu_slices`` are the instance's at ingest, so its share of the
+    GPU (slices / gpu_slices) is fixed with the sample."""
+
+    pk = models.CompositePrimaryKey("instance_id", "start")
+    instance = models.ForeignKey(MigInstance, on_delete=models.DO_NOTHING, db_constraint=False)
+    gpu = models.ForeignKey(
+        Gpu, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", db_index=False
+    )
+    start = models.DateTimeField()
+    seconds = models.PositiveSmallIntegerField()
+    slices = models.SmallIntegerField()
+    gpu_slices = models.SmallIntegerField()
+    util_pct = models.FloatField()
+    mem_used_bytes = models.BigIntegerField(null=True)
+    procs = models.SmallIntegerField(null=True)
+    active_s = models.FloatField(null=True)
+    sm_active = models.FloatField(null=True)
+    sm_occupancy = models.FloatField(null=True)
+    tensor_active = models.FloatField(null=True)
+    dram_active = models.FloatField(null=True)
+    prof_s = models.FloatField(null=True)
+    workload_ids = NumberArrayField(base="int8", null=True)
+    workload_share_s = NumberArrayField(base="float8", null=True)
+    workload_air_s = NumberArrayField(base="float8", null=True)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["start"], name="telemetry_instsample_start"),
+            models.Index(fields=["gpu", "start"], name="telemetry_instsample_gpu"),
+        ]
+
+    def __str__(self) -> str:
+        return f"instance {self.instance_id} @ {self.start:%Y-%m-%d %H:%M} ({self.seconds} s)"
+
+
+class InstanceHourlyUsage(models.Model):
+    """A MIG instance's hour (the rollup target for InstanceSample; docs/metrics.md): seconds
+    of the instance, and ``slice_s`` = Σ seconds × slices / gpu_slices, its share of the GPU's
+    time, by which the GPU-hour's cost and energy are split."""
+
+    instance = models.ForeignKey(MigInstance, on_delete=models.DO_NOTHING, db_constraint=False)
+    gpu = models.ForeignKey(
+        Gpu, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", db_index=False
+    )
+    hour = models.DateTimeField()
+    samples = models.IntegerField(default=0)
+    observed_s = models.FloatField(default=0)
+    slice_s = models.FloatField(default=0)
+    air_s = models.FloatField(default=0)
+    held_s = models.FloatField(default=0)
+    parked_s = models.FloatField(default=0)
+    sm_active_s = models.FloatField(default=0)
+    sm_observed_s = models.FloatField(default=0)
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "hour"], name="telemetry_insthour_key")
+        ]
+        indexes = [models.Index(fields=["gpu", "hour"], name="telemetry_insthour_gpu_hour")]
+
+    def __str__(self) -> str:
+        return f"instance {self.instance_id} @ {self.hour:%Y-%m-%d %H}h"

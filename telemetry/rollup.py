@@ -60,6 +60,34 @@ SQLITE_HOUR_FMT = "%Y-%m-%d %H:00:00"
 ERROR_TEXT_MAX = 2000
 
 
+def open_hour_every_s() -> int:
+    """Seconds between two recomputes of the hour in progress (``ROLLUP_OPEN_HOUR_EVERY_S``,
+    default 60: every run, as the beat runs it every minute). Each recompute rewrites every
+    GPU's hour, day and month rows, so a longer spacing divides the rollup's writes (WAL) by
+    it, while today's figures trail the samples by up to that long (docs/deploy.md, "Sizing").
+    Closed hours are recomputed at the first run that finds them marked, whatever this is."""
+    return max(0, int(getattr(settings, "ROLLUP_OPEN_HOUR_EVERY_S", 60)))
+
+
+def _open_hour_recent(hour: dt.datetime, *, now: dt.datetime, every_s: int) -> bool:
+    """Whether the hour in progress was recomputed less than ``every_s`` seconds ago (its
+    rows' latest ``computed_at``: one read of the hour index), so that this run leaves it."""
+    if every_s <= 60 or hour != _hour_floor(now):
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT max(computed_at) FROM telemetry_hourlyusage WHERE hour = %s",
+            [_db_datetime(hour)],
+        )
+        row = cursor.fetchone()
+    last = row[0] if row else None
+    if last is None:
+        return False
+    # Less a few seconds: a run of the beat's minute that comes a little early is not put off
+    # by a whole period.
+    return (now - _as_utc(last)).total_seconds() < every_s - 5
+
+
 @dataclass(frozen=True)
 class RollupResult:
     """What one run did: hours recomputed, rows written (upserted) and deleted (no longer
@@ -130,6 +158,13 @@ def _column_lists() -> dict[str, tuple[list[str], str]]:
         # The daily table: the sums of its hourly rows.
         "sum_columns": (sums, ", "),
         "sums": ([f"sum({n})" for n in sums], ", "),
+        # Its refresh in place (daily_refresh): the fresh sums, stored and fresh values
+        # compared, and the update's list.
+        "sums_as": ([f"sum({n}) AS {n}" for n in sums], ",\n"),
+        "fresh_sums": ([f"f.{n}" for n in sums], ", "),
+        "stored_sums_d": ([f"d.{n}" for n in sums], ", "),
+        "stored_sums_m": ([f"m.{n}" for n in sums], ", "),
+        "fresh_updates": ([f"{n} = f.{n}" for n in sums], ",\n"),
         # Statement fragments both workload statements use (sql/_<name>.postgresql.sql), a
         # line each: the upsert's rewrite of changed rows only, and the move of first and
         # last seen.
@@ -465,6 +500,7 @@ def rollup_run(
     daily_usage_ensure()
     workload_daily_ensure()
     horizon = retention_horizon()
+    every_s = open_hour_every_s()
     taken = hours_done = rows = deleted = skipped = failed_hours = set_aside = 0
     busy = False
     after: Any = None
@@ -483,6 +519,12 @@ def rollup_run(
             batch = next(_batches([m.hour for m in marks]))
             marks = [m for m in marks if m.hour <= batch[-1]]
             after = marks[-1].raw_hour
+            # The hour in progress, recomputed less than ROLLUP_OPEN_HOUR_EVERY_S ago, keeps
+            # its mark for a later run (off by default: every run recomputes it).
+            now = timezone.now()
+            marks = [m for m in marks if not _open_hour_recent(m.hour, now=now, every_s=every_s)]
+            if not marks:
+                continue
             old = [m for m in marks if m.hour < horizon]
             live = [m for m in marks if m.hour >= horizon]
             if old:
@@ -647,15 +689,18 @@ def _workload_day_write(cursor: Any, day: dt.date, zone: dt.tzinfo) -> None:
     """A local day's ``WorkloadDailyUsage`` rows summed again, then (PostgreSQL) its
     ``WorkloadNodeDailyUsage`` rows from those."""
     lo, hi = _local_day_span(day, zone)
-    day_param = day if _is_postgres() else day.isoformat()
+    if _is_postgres():
+        # In place: only the rows whose figures changed are written (the rollup sums the
+        # open day again every minute; issue 46).
+        cursor.execute(_sql("workload_daily_refresh.postgresql"), {"day": day, "lo": lo, "hi": hi})
+        cursor.execute(_sql("workload_node_daily_refresh.postgresql"), {"day": day})
+        return
+    day_param = day.isoformat()
     cursor.execute("DELETE FROM telemetry_workloaddailyusage WHERE day = %s", [day_param])
     cursor.execute(
         _sql("workload_daily_refresh"),
         {"day": day_param, "lo": _db_datetime(lo), "hi": _db_datetime(hi)},
     )
-    if _is_postgres():
-        cursor.execute("DELETE FROM telemetry_workloadnodedailyusage WHERE day = %s", [day])
-        cursor.execute(_sql("workload_node_daily_refresh.postgresql"), {"day": day})
 
 
 def workload_daily_rebuild(*, zone_name: str | None = None) -> int:

@@ -68,6 +68,34 @@ class WorkloadIn(msgspec.Struct):
     name: WorkloadText | None = None
 
 
+NonNegative = Annotated[float, msgspec.Meta(ge=0, le=1e300)]
+JOB_MODEL_MAX = 200
+# A job's data wait, compute and checkpoint happen within its wall time; the parts may pass it
+# by this share (clock reads and rounding in the hook and the agent).
+JOB_PARTS_SLACK = 1.01
+
+
+class JobIn(msgspec.Struct):
+    """What the training loop of one workload on this GPU reported over the interval
+    (docs/ingest.md, "job"; the agent's hook socket): sums, counts split over the workload's
+    GPUs, times the job's own. ``kind``/``id`` name the workload among the sample's
+    ``workloads`` (absent: the one with the largest share)."""
+
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=JOB_MODEL_MAX)]
+    wall_s: Annotated[float, msgspec.Meta(ge=0, le=3600)]
+    steps: NonNegative = 0.0
+    samples: NonNegative = 0.0
+    tokens: NonNegative = 0.0
+    data_wait_s: Seconds = 0.0
+    compute_s: Seconds = 0.0
+    ckpt_s: Seconds = 0.0
+    ckpt_bytes: NonNegative = 0.0
+    # Absent: the job did not say (no MFU for it); 0 is a measured zero.
+    flops: NonNegative | None = None
+    kind: WorkloadKind | None = None
+    id: WorkloadText | None = None
+
+
 class SampleIn(msgspec.Struct):
     """One sample as sent; constraints here are the context-free ranges of docs/ingest.md.
 
@@ -95,6 +123,10 @@ class SampleIn(msgspec.Struct):
     dram_active: Fraction | None = None
     prof_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] | None = None
     workloads: Annotated[list[WorkloadIn], msgspec.Meta(max_length=WORKLOADS_MAX)] | None = None
+    job: JobIn | None = None
+    # A MIG instance of ``gpu`` (its MIG UUID, listed in the GPU's ``mig`` block): the sample
+    # covers that instance alone (docs/ingest.md, "instance").
+    instance: Annotated[str, msgspec.Meta(min_length=1, max_length=UUID_MAX)] | None = None
 
 
 class NodeIn(msgspec.Struct):
@@ -107,6 +139,26 @@ class NodeIn(msgspec.Struct):
     spool_dropped_samples: Annotated[int, msgspec.Meta(ge=0, le=BIGINT_MAX)] = 0
 
 
+# MIG (docs/ingest.md, "mig"): a GPU has at most MIG_SLICES_MAX slices, so at most that many
+# instances (one compute instance per GPU instance, or several sharing one: 7 × 8 at most).
+MIG_SLICES_MAX = 8
+MIG_INSTANCES_MAX = 64
+MIG_PROFILE_MAX = 50
+MIG_SLICES_DEFAULT = 7  # A100, H100, H200, B200: a GPU whose block does not say mig_slices
+
+
+class MigIn(msgspec.Struct):
+    """One MIG instance of a GPU: its MIG UUID, GPU and compute instance ids, NVIDIA's
+    profile name, slices and memory."""
+
+    uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=UUID_MAX)]
+    gi: Annotated[int, msgspec.Meta(ge=0, le=SMALLINT_MAX)]
+    ci: Annotated[int, msgspec.Meta(ge=0, le=SMALLINT_MAX)]
+    profile: Annotated[str, msgspec.Meta(min_length=1, max_length=MIG_PROFILE_MAX)]
+    slices: Annotated[int, msgspec.Meta(ge=1, le=MIG_SLICES_MAX)]
+    memory_mb: Annotated[int, msgspec.Meta(ge=0, le=BIGINT_MAX)]
+
+
 class GpuIn(msgspec.Struct):
     uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=UUID_MAX)]
     index: Annotated[int, msgspec.Meta(ge=0, le=SMALLINT_MAX)] | None = None
@@ -115,6 +167,9 @@ class GpuIn(msgspec.Struct):
     power_limit_w: Annotated[float, msgspec.Meta(ge=0, le=5000)] | None = None
     # "lost": the agent can no longer reach it (off the bus); "ok" or absent: present.
     status: Literal["ok", "lost"] | None = None
+    # MIG mode: its instances now (absent: not in MIG mode, or not said), and its slices.
+    mig: Annotated[list[MigIn], msgspec.Meta(max_length=MIG_INSTANCES_MAX)] | None = None
+    mig_slices: Annotated[int, msgspec.Meta(ge=1, le=MIG_SLICES_MAX)] | None = None
 
     @property
     def is_lost(self) -> bool:
@@ -188,6 +243,8 @@ REJECT_OTHER_NODE = "other_node"
 REJECT_NOT_REGISTERED = "not_registered"
 REJECT_TOO_OLD = "too_old"
 REJECT_INVALID = "invalid"
+# A sample naming a MIG instance the server does not know for its GPU (docs/ingest.md).
+REJECT_UNKNOWN_INSTANCE = "unknown_instance"
 
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
@@ -195,6 +252,9 @@ _MISSING = re.compile(r"missing required field `(?P<name>[^`]+)`")
 _INDEX = re.compile(r"\[(\d+)\]")
 _WORKLOAD_TEXT_PATH = re.compile(r"workloads\[\d+\]\.(id|user|account|name)$")
 _WORKLOAD_KIND_PATH = re.compile(r"workloads\[\d+\]\.kind$")
+_JOB_NUMBERS = frozenset(
+    ("steps", "samples", "tokens", "ckpt_bytes", "flops", "data_wait_s", "compute_s", "ckpt_s")
+)
 _NUMBER_TYPES = ("`float`", "`int`")
 _RANGES = {
     "seconds": "must be an integer within 1–3600",
@@ -218,7 +278,14 @@ _RANGES = {
     "power_limit_w": "must be a number within 0–5000",
     "index": f"must be an integer within 0–{SMALLINT_MAX}",
     "spool_dropped_samples": "must be an integer ≥ 0",
+    "gi": f"must be an integer within 0–{SMALLINT_MAX}",
+    "ci": f"must be an integer within 0–{SMALLINT_MAX}",
+    "slices": f"must be an integer within 1–{MIG_SLICES_MAX} (and at most mig_slices)",
+    "mig_slices": f"must be an integer within 1–{MIG_SLICES_MAX}",
+    "memory_mb": "must be an integer ≥ 0 (MiB)",
 }
+_MIG_LIST_PATH = re.compile(r"gpus\[\d+\]\.mig$")
+_MIG_PROFILE_PATH = re.compile(r"gpus\[\d+\]\.mig\[\d+\]\.profile$")
 
 
 def validation_error_split(exc: msgspec.ValidationError, root: str = "body") -> tuple[str, str]:
@@ -253,15 +320,43 @@ def validation_error_split(exc: msgspec.ValidationError, root: str = "body") -> 
             return path, "must be a number within 0–seconds"
     if leaf == "workloads" and "length" in message:
         return path, f"at most {WORKLOADS_MAX} entries"
+    if _MIG_LIST_PATH.match(path) and "length" in message:
+        return path, f"at most {MIG_INSTANCES_MAX} instances"
+    if _MIG_PROFILE_PATH.match(path) and "length" in message:
+        return path, f"must be 1–{MIG_PROFILE_MAX} characters"
     if _WORKLOAD_TEXT_PATH.match(path) and "length" in message:
         return path, f"must be 1–{WORKLOAD_TEXT_MAX} characters"
     if _WORKLOAD_KIND_PATH.match(path) and "enum" in message:
         return path, f"must be one of {', '.join(get_args(WorkloadKind))}"
+    if path.startswith("job."):
+        job_error = _job_error(path[4:], message)
+        if job_error is not None:
+            return path, job_error
     if leaf in _RANGES and any(
         mark in message for mark in (">=", "<=", "` > ", "` < ", "out of range", "got `float`")
     ):
         return path, _RANGES[leaf]
     return path or root, message
+
+
+def _job_error(name: str, message: str) -> str | None:
+    """The reason for a bad field of a sample's ``job`` (``name``: its key), from msgspec's."""
+    ranged = any(mark in message for mark in (">=", "<=", "out of range", "got `float`"))
+    if name == "model" and "length" in message:
+        return f"must be a string of 1–{JOB_MODEL_MAX} characters"
+    if name == "model" and "Expected `str`" in message:
+        return f"must be a string of 1–{JOB_MODEL_MAX} characters"
+    if name == "wall_s" and ranged:
+        return "must be a number within 0–seconds"
+    if name in ("data_wait_s", "compute_s", "ckpt_s") and ranged:
+        return "must be a number within 0–wall_s"
+    if name in _JOB_NUMBERS and ranged:
+        return "must be a finite number ≥ 0"
+    if name == "kind" and "enum" in message:
+        return f"must be one of {', '.join(get_args(WorkloadKind))}"
+    if name == "id" and "length" in message:
+        return f"must be 1–{WORKLOAD_TEXT_MAX} characters"
+    return None
 
 
 # --- decoding ----------------------------------------------------------------------------------
@@ -338,6 +433,45 @@ def _strings_check(push: Push) -> None:
     for i, gpu in enumerate(push.gpus):
         _string_check(f"gpus[{i}].uuid", identifier_error(gpu.uuid, max_length=UUID_MAX))
         _string_check(f"gpus[{i}].name", text_error(gpu.name, max_length=100))
+    _mig_check(push.gpus)
+
+
+def _mig_check(gpus: list[GpuIn]) -> None:
+    """The ``mig`` blocks: identifiers and text as elsewhere, each instance once in the push,
+    each within its GPU's slices, and together no more slices than the GPU has."""
+    seen: dict[str, str] = {}
+    for i, gpu in enumerate(gpus):
+        if gpu.mig is None:
+            if gpu.mig_slices is not None:
+                raise IngestError(400, f"gpus[{i}].mig_slices", "only with mig (the instances)")
+            continue
+        total = MIG_SLICES_DEFAULT if gpu.mig_slices is None else gpu.mig_slices
+        used = 0
+        for j, m in enumerate(gpu.mig):
+            at = f"gpus[{i}].mig[{j}]"
+            _string_check(f"{at}.uuid", identifier_error(m.uuid, max_length=UUID_MAX))
+            _string_check(f"{at}.profile", text_error(m.profile, max_length=MIG_PROFILE_MAX))
+            if m.uuid == gpu.uuid:
+                raise IngestError(400, f"{at}.uuid", "an instance's uuid is not its GPU's")
+            if m.uuid in seen:
+                raise IngestError(
+                    400, f"{at}.uuid", f"the same instance is listed twice (also {seen[m.uuid]})"
+                )
+            seen[m.uuid] = at
+            if m.slices > total:
+                raise IngestError(
+                    400, f"{at}.slices", f"more than the GPU's {total} slices (mig_slices)"
+                )
+            used += m.slices
+        if used > total:
+            raise IngestError(
+                400,
+                f"gpus[{i}].mig",
+                f"the instances' slices add up to {used}, more than the GPU's {total}",
+            )
+    for i, gpu in enumerate(gpus):
+        if gpu.uuid in seen:
+            raise IngestError(400, f"gpus[{i}].uuid", f"also a MIG instance ({seen[gpu.uuid]})")
 
 
 def _string_check(field_name: str, error: str | None) -> None:

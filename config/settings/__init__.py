@@ -349,6 +349,9 @@ RAW_RETENTION_DAYS = env_int("RAW_RETENTION_DAYS", 35)
 # Failed recomputes (not counting transient database errors) after which the rollup sets an
 # hour aside, so that it no longer holds up the hours after it (telemetry.rollup).
 ROLLUP_MAX_FAILURES = max(1, env_int("ROLLUP_MAX_FAILURES", 5))
+# Seconds between two recomputes of the hour in progress (docs/deploy.md §8: 300 cuts the
+# rollup's WAL by half again; the dashboard's "now" then lags by up to five minutes).
+ROLLUP_OPEN_HOUR_EVERY_S = max(0, env_int("ROLLUP_OPEN_HOUR_EVERY_S", 60))
 INGEST_MAX_SAMPLES = env_int("INGEST_MAX_SAMPLES", 10_000)
 INGEST_MAX_BODY_BYTES = env_int("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)
 # Entries of a push's ``gpus`` block (413 beyond), and GPUs one node may own (not retired): a

@@ -2,8 +2,9 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from telemetry.api.views import IngestView
+from telemetry.api.views import IngestView, QueuePushView
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("ingest", IngestView.as_view(), name="ingest"),
+    path("queue", QueuePushView.as_view(), name="queue"),
 ]

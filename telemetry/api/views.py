@@ -199,3 +199,55 @@ class IngestView(APIView):
             return Response(result.body(), status=result.status)
         finally:
             counters_incr(counters)
+
+
+class QueuePushView(APIView):
+    """``POST /api/v1/queue``: one snapshot of a cluster's pending GPU jobs (DESIGN.md §9.2,
+    docs/ingest.md "Queue"), over ``telemetry.queue.queue_snapshot_ingest``.
+
+    Permission: a node token (IsNode), as ingest; the node must own the cluster (the first
+    node to push for it). Throttled in the node's ingest window."""
+
+    authentication_classes = [NodeTokenAuthentication]
+    permission_classes = [IsNode]
+    throttle_classes = [NodeIngestThrottle]
+    renderer_classes = [JSONRenderer]
+    parser_classes: list[Any] = []
+
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT},
+        responses={
+            200: OpenApiResponse(
+                OpenApiTypes.OBJECT, description="applied, a duplicate, or stale (ignored)"
+            ),
+            400: OpenApiResponse(OpenApiTypes.OBJECT, description="a bad field, named"),
+            401: OpenApiResponse(description="missing, wrong or revoked node token"),
+            403: OpenApiResponse(OpenApiTypes.OBJECT, description="cluster of another node"),
+            413: OpenApiResponse(OpenApiTypes.OBJECT, description="body or pending too large"),
+            429: OpenApiResponse(description="throttled"),
+            503: OpenApiResponse(description="database unavailable: retry later"),
+        },
+        description="Push a snapshot of a cluster's pending GPU jobs (docs/ingest.md, Queue).",
+    )
+    def post(self, request: Request) -> Response:
+        from telemetry.queue import queue_snapshot_ingest
+
+        principal, token = request.user, request.auth
+        assert isinstance(principal, NodePrincipal) and isinstance(token, NodeTokenFacts)
+        node_var.set(principal.hostname)
+        payload = _body_read(request)
+        if isinstance(payload, Response):
+            return payload
+        try:
+            result = queue_snapshot_ingest(
+                node_id=principal.node_id,
+                token_id=token.id,
+                payload_bytes=payload,
+                now=timezone.now(),
+            )
+        except IngestError as exc:
+            return Response(exc.body(), status=exc.status)
+        except TokenRevoked:
+            node_token_cache_clear(token.prefix)
+            raise exceptions.AuthenticationFailed("invalid or revoked node token") from None
+        return Response(result.body(), status=200)

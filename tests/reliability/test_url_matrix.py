@@ -106,6 +106,27 @@ def _ingest_body(world: dict[str, Any], caller: str) -> Any:
     return push_body([good_sample(uuid, recent_minute())], [gpu_block(uuid)])
 
 
+def _queue_body(world: dict[str, Any], caller: str) -> Any:
+    """A queue snapshot (DESIGN.md §9.2): one job waiting for 2 GPUs, of this caller's cluster."""
+    from tests.reliability.conftest import iso, recent_minute
+
+    at = iso(recent_minute())
+    job = {
+        "kind": "slurm",
+        "id": "101",
+        "user": "alice",
+        "account": "ml",
+        "partition": "gpu",
+        "gpus": 2,
+        "gpu_model": None,
+        "reason": "Resources",
+        "class": "capacity",
+        "submitted": at,
+        "eligible": at,
+    }
+    return {"cluster": f"matrix-{caller}", "at": at, "pending": [job]}
+
+
 def _named(prefix: str, **extra: Any) -> Callable[[dict[str, Any], str], Any]:
     def make(world: dict[str, Any], caller: str) -> Any:
         return {"name": f"{prefix}-{caller}", **extra}
@@ -162,6 +183,10 @@ TABLE: dict[str, list[Check]] = {
     "api/v1/ingest": [
         Check("POST", "/api/v1/ingest", INGEST_POST, _ingest_body),
         Check("GET", "/api/v1/ingest", INGEST_GET),
+    ],
+    "api/v1/queue": [
+        Check("POST", "/api/v1/queue", INGEST_POST, _queue_body),
+        Check("GET", "/api/v1/queue", INGEST_GET),
     ],
     "api/v1/costs": [
         Check("GET", "/api/v1/costs", COSTS),

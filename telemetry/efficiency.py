@@ -1,0 +1,198 @@
+"""Job efficiency (DESIGN.md §9.4): what training loops reported, per workload, model, pool or
+team over a period, from the job sums ingest adds to ``JobHour``.
+
+Figures of one group (sums over its JobHour rows):
+
+- ``gpu_hours`` = Σ wall_s / 3600: the GPU seconds the reports cover (each GPU of a job carries
+  the job's wall time, so a job on 2 GPUs for an hour is 2 GPU hours);
+- ``mfu`` = Σ flops / Σ (peak flops/s of the GPU × flops_wall_s), over the rows whose GPU model
+  has a known peak (:func:`peak_flops`) and whose job gave flops; ``None`` where none has;
+- ``data_starved_share`` = Σ data_wait_s / Σ wall_s; ``checkpoint_share`` = Σ ckpt_s / Σ wall_s;
+- ``tokens_per_gpu_hour`` = Σ tokens / gpu_hours.
+
+No money here (telemetry knows none): the cost per million tokens is the caller's, from
+``gpu_hours`` and ``tokens`` of the same rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+
+from fleet.catalogue import catalogue_match
+
+GROUP_BY = ("workload", "model", "pool", "team")
+UNASSIGNED = "(none)"
+
+# Dense bf16 peaks per second by catalogue key (fleet/catalogue.py), as torchtitan and nanochat
+# use them (docs/shared NOTES): what MFU divides by. H200 NVL is not in DESIGN §9.4's list; its
+# published dense bf16 peak is 836 TF.
+PEAK_FLOPS: dict[str, float] = {
+    "H100-SXM": 989e12,
+    "H100-PCIE": 756e12,
+    "H100-NVL": 835e12,
+    "H200-SXM": 989e12,
+    "H200-NVL": 836e12,
+    "A100-SXM": 312e12,
+    "A100-PCIE": 312e12,
+    "A100-PCIE-40GB": 312e12,
+    "L40S": 362e12,
+}
+
+
+def peak_flops(gpu_name: str, overrides: Mapping[str, float] | None = None) -> float | None:
+    """The dense bf16 peak (flops per second) of a GPU by its NVML name (``NVIDIA H100 80GB
+    HBM3`` is an H100 SXM), or ``None`` where unknown. ``overrides`` (the fleet file's
+    ``[[peaks]]``): flops per second by catalogue key (``H100-SXM``) or by the exact NVML name;
+    the name wins over the key, both over the table."""
+    if overrides:
+        if gpu_name in overrides:
+            return float(overrides[gpu_name])
+    entry = catalogue_match(gpu_name) if gpu_name else None
+    if entry is None:
+        return None
+    if overrides and entry.key in overrides:
+        return float(overrides[entry.key])
+    return PEAK_FLOPS.get(entry.key)
+
+
+@dataclass
+class EfficiencyRow:
+    key: str
+    kind: str | None  # workloads only
+    gpu_hours: float
+    steps: float
+    samples: float
+    tokens: float
+    mfu: float | None
+    data_starved_share: float | None
+    checkpoint_share: float | None
+    tokens_per_gpu_hour: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "gpu_hours": self.gpu_hours,
+            "steps": self.steps,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "mfu": self.mfu,
+            "data_starved_share": self.data_starved_share,
+            "checkpoint_share": self.checkpoint_share,
+            "tokens_per_gpu_hour": self.tokens_per_gpu_hour,
+        }
+
+
+# One row per (workload, model, GPU name, pool, team) of the period, summed in the database.
+# Pool and team: the GPU's attribution in that hour as the rollup recorded it (HourlyUsage),
+# else where the GPU belongs now (an hour not rolled up yet).
+_SUMS_SQL = """
+SELECT j.workload_id, w.kind, w.key, w.user_name, w.account, j.model, g.name,
+       COALESCE(h.pool_id, n.pool_id), COALESCE(h.team_id, g.team_id, p.team_id),
+       sum(j.steps), sum(j.samples), sum(j.tokens), sum(j.flops), sum(j.wall_s),
+       sum(j.data_wait_s), sum(j.ckpt_s), sum(j.flops_wall_s)
+FROM telemetry_jobhour AS j
+JOIN fleet_gpu AS g ON g.id = j.gpu_id
+JOIN fleet_node AS n ON n.id = g.node_id
+LEFT JOIN fleet_pool AS p ON p.id = n.pool_id
+LEFT JOIN telemetry_hourlyusage AS h ON h.gpu_id = j.gpu_id AND h.hour = j.hour
+LEFT JOIN telemetry_workload AS w ON w.id = j.workload_id
+WHERE j.hour >= %s AND j.hour < %s
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+"""
+
+# (kind, key, user, account) of a workload → its team id by the [[workload_teams]] rules, or
+# None (its GPU's pool's team): the caller's, since the rules live above telemetry.
+TeamOf = Callable[[str, str, str, str], int | None]
+
+
+def job_efficiency(
+    *,
+    start: dt.datetime,
+    end: dt.datetime,
+    group_by: str,
+    peaks: Mapping[str, float] | None = None,
+    team_of: TeamOf | None = None,
+) -> list[EfficiencyRow]:
+    """Rows of ``group_by`` (``workload``, ``model``, ``pool``, ``team``) over the hours in
+    ``[start, end)``, most GPU hours first. ``peaks``: the fleet file's ``[[peaks]]``
+    (:func:`peak_flops`); ``team_of``: the workload team rules (default: none)."""
+    if group_by not in GROUP_BY:
+        raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}")
+    from fleet.models import Pool, Team
+
+    with connection.cursor() as cursor:
+        cursor.execute(_SUMS_SQL, [start, end])
+        rows = cursor.fetchall()
+    pools = dict(Pool.objects.values_list("pk", "name")) if group_by == "pool" else {}
+    teams = dict(Team.objects.values_list("pk", "name")) if group_by == "team" else {}
+    peak_cache: dict[str, float | None] = {}
+    groups: dict[tuple[str, str | None], list[float]] = {}
+    for (
+        _workload_id,
+        kind,
+        wkey,
+        user,
+        account,
+        model,
+        gpu_name,
+        pool_id,
+        team_id,
+        steps,
+        samples,
+        tokens,
+        flops,
+        wall_s,
+        data_wait_s,
+        ckpt_s,
+        flops_wall_s,
+    ) in rows:
+        key: tuple[str, str | None]
+        if group_by == "workload":
+            key = (wkey, kind) if wkey is not None else (UNASSIGNED, None)
+        elif group_by == "model":
+            key = (model, None)
+        elif group_by == "pool":
+            key = (pools.get(pool_id, UNASSIGNED), None)
+        else:
+            if team_of is not None and kind is not None:
+                team_id = team_of(kind, wkey, user or "", account or "") or team_id
+            key = (teams.get(team_id, UNASSIGNED), None)
+        if gpu_name not in peak_cache:
+            peak_cache[gpu_name] = peak_flops(gpu_name or "", peaks)
+        peak = peak_cache[gpu_name]
+        acc = groups.setdefault(key, [0.0] * 8)
+        acc[0] += wall_s or 0.0
+        acc[1] += steps or 0.0
+        acc[2] += samples or 0.0
+        acc[3] += tokens or 0.0
+        acc[4] += data_wait_s or 0.0
+        acc[5] += ckpt_s or 0.0
+        if peak is not None and flops_wall_s:
+            acc[6] += flops or 0.0
+            acc[7] += peak * flops_wall_s
+    out = [_row(key, kind, acc) for (key, kind), acc in groups.items()]
+    out.sort(key=lambda r: (-r.gpu_hours, r.key))
+    return out
+
+
+def _row(key: str, kind: str | None, acc: list[float]) -> EfficiencyRow:
+    wall_s, steps, samples, tokens, data_wait_s, ckpt_s, flops, peak_s = acc
+    gpu_hours = wall_s / 3600.0
+    return EfficiencyRow(
+        key=key,
+        kind=kind,
+        gpu_hours=gpu_hours,
+        steps=steps,
+        samples=samples,
+        tokens=tokens,
+        mfu=flops / peak_s if peak_s > 0 else None,
+        data_starved_share=data_wait_s / wall_s if wall_s > 0 else None,
+        checkpoint_share=ckpt_s / wall_s if wall_s > 0 else None,
+        tokens_per_gpu_hour=tokens / gpu_hours if gpu_hours > 0 else None,
+    )
