@@ -503,6 +503,25 @@ def test_the_queue_collector_asks_slurmrestd_with_its_jwt(helm: ModuleType) -> N
     assert collector["spec"]["replicas"] == 1
 
 
+@pytest.mark.parametrize("values", ["everything", "dcgm-unprivileged"])
+def test_the_queue_collector_s_command_is_one_the_agent_takes(
+    helm: ModuleType, values: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rendered command and environment, parsed by the agent's own argument parser: the
+    queue mode, its cluster, its source and its spool on the pod's volume."""
+    from telemetry.agent.cli import build_parser
+
+    spec = pod_spec(only(render(helm, values), "Deployment", "queue-collector"))
+    (container,) = spec["containers"]
+    for name, value in env_of(container).items():
+        if isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(container["command"][1:])
+    assert (args.queue, args.cluster) == ("slurm", container["command"][4])
+    assert args.slurmrestd or args.squeue
+    assert args.spool == mounts_of(container)["spool"]["mountPath"]
+
+
 def test_the_queue_collector_runs_squeue_from_a_mounted_slurm(helm: ModuleType) -> None:
     spec = pod_spec(only(render(helm, "dcgm-unprivileged"), "Deployment", "queue-collector"))
     (container,) = spec["containers"]
