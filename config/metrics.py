@@ -19,6 +19,8 @@ What an operator alerts on (docs/deploy.md):
 - ``rate(gpufleet_ingest_samples_rejected_total[5m])`` > 0: an agent sends bad data;
 - ``time() - gpufleet_node_last_seen_timestamp_seconds`` > a few intervals: an agent is away;
 - ``increase(gpufleet_agent_spool_dropped_samples_total[1h])`` > 0: data was lost on a node;
+- ``gpufleet_node_allocation_problem`` == 1: a node's Slurm allocations are hidden from its
+  agent (its GPUs' idle hours go unattributed);
 - ``gpufleet_replica_reads`` == 0 for minutes: the read replica is down or behind, and the
   primary carries every read again.
 """
@@ -246,13 +248,19 @@ class FleetCollector:
         yield GaugeMetricFamily("gpufleet_gpus", "GPUs known to the fleet.", Gpu.objects.count())
         nodes = list(
             Node.objects.order_by("hostname").values_list(
-                "hostname", "last_seen_at", "spool_dropped_total", "agent_version", "driver_version"
+                "hostname",
+                "last_seen_at",
+                "spool_dropped_total",
+                "agent_version",
+                "driver_version",
+                "alloc_problem",
+                "alloc_skipped_files",
             )
         )
         yield CounterMetricFamily(
             "gpufleet_agent_spool_dropped_samples_total",
             "Samples agents dropped because their disk spool was full, as the agents reported.",
-            value=sum(int(dropped) for _, _, dropped, _, _ in nodes),
+            value=sum(int(node[2]) for node in nodes),
         )
         dropped_family = CounterMetricFamily(
             "gpufleet_node_spool_dropped_samples_total",
@@ -269,8 +277,23 @@ class FleetCollector:
             "The agent and driver versions a node last reported (empty until it reports them).",
             labels=["node"],
         )
-        for hostname, last_seen_at, dropped, agent_version, driver_version in nodes:
+        problem_family = GaugeMetricFamily(
+            "gpufleet_node_allocation_problem",
+            "1 while the node's agent says its allocation directory hides the scheduler's "
+            "allocations (idle GPUs of jobs go unattributed; the text is on the node's admin "
+            "page), else 0.",
+            labels=["node"],
+        )
+        skipped_family = GaugeMetricFamily(
+            "gpufleet_node_allocation_files_skipped",
+            "Allocation files the node's agent skipped at its last look (not trusted or not "
+            "an allocation; its log says why).",
+            labels=["node"],
+        )
+        for hostname, last_seen_at, dropped, agent_version, driver_version, *alloc in nodes:
             dropped_family.add_metric([hostname], int(dropped))
+            problem_family.add_metric([hostname], 1 if alloc[0] else 0)
+            skipped_family.add_metric([hostname], int(alloc[1]))
             if last_seen_at is not None:
                 last_seen_family.add_metric([hostname], round(last_seen_at.timestamp(), 3))
             info_family.add_metric(
@@ -279,6 +302,8 @@ class FleetCollector:
         yield dropped_family
         yield last_seen_family
         yield info_family
+        yield problem_family
+        yield skipped_family
 
     def _replica(self) -> Iterator[Metric]:
         from config.replica import replica_check, replica_configured

@@ -46,9 +46,18 @@ class GpuModelAdmin(admin.ModelAdmin[GpuModel]):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin[Node]):
-    list_display = ["hostname", "pool", "site", "agent_version", "driver_version", "last_seen_at"]
+    list_display = [
+        "hostname",
+        "pool",
+        "site",
+        "agent_version",
+        "driver_version",
+        "last_seen_at",
+        "alloc_problem",
+    ]
     list_filter = ["pool", "site"]
     search_fields = ["hostname"]
+    readonly_fields = ["alloc_problem", "alloc_skipped_files"]  # as the agent says them
 
 
 @admin.register(Gpu)

@@ -143,6 +143,19 @@ class Node(models.Model):
     spool_dropped_total = models.BigIntegerField(
         default=0, help_text="Samples the agent's full spool dropped, as it reported them"
     )
+    alloc_problem = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="What hides the scheduler's allocations from the agent, as it last said "
+        "(empty: nothing)",
+    )
+    alloc_skipped_files = models.IntegerField(
+        default=0,
+        db_default=0,
+        help_text="Allocation files the agent skipped at its last look, as it last said",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -676,6 +676,8 @@ def _node_update(node_id: int, meta: NodeIn) -> ingest_store.NodeUpdate:
         agent_version=meta.agent_version or None,
         driver_version=meta.driver_version or None,
         spool_dropped=meta.spool_dropped_samples,
+        alloc_problem=meta.alloc_problem,
+        alloc_skipped_files=meta.alloc_skipped_files,
     )
 
 

@@ -190,6 +190,8 @@ class NodeUpdate:
     agent_version: str | None = None
     driver_version: str | None = None
     spool_dropped: int = 0
+    alloc_problem: str | None = None
+    alloc_skipped_files: int | None = None
 
 
 @dataclass(slots=True)
@@ -216,6 +218,8 @@ _NODE_UPDATE = """UPDATE fleet_node SET
         reported_hostname = COALESCE(%s, reported_hostname),
         agent_version = COALESCE(%s, agent_version),
         driver_version = COALESCE(%s, driver_version),
+        alloc_problem = COALESCE(%s, alloc_problem),
+        alloc_skipped_files = COALESCE(%s, alloc_skipped_files),
         last_seen_at = %s,
         spool_dropped_total = spool_dropped_total + %s
     WHERE id = %s AND (
@@ -223,11 +227,19 @@ _NODE_UPDATE = """UPDATE fleet_node SET
         OR reported_hostname <> COALESCE(%s, reported_hostname)
         OR agent_version <> COALESCE(%s, agent_version)
         OR driver_version <> COALESCE(%s, driver_version)
+        OR alloc_problem <> COALESCE(%s, alloc_problem)
+        OR alloc_skipped_files <> COALESCE(%s, alloc_skipped_files)
     )"""
 
 
 def _node_update_params(node: NodeUpdate, now: dt.datetime) -> list[Any]:
-    values = [node.reported_hostname, node.agent_version, node.driver_version]
+    values = [
+        node.reported_hostname,
+        node.agent_version,
+        node.driver_version,
+        node.alloc_problem,
+        node.alloc_skipped_files,
+    ]
     # As the column stores them (naive UTC text on SQLite), so that the comparison holds.
     adapt = connection.ops.adapt_datetimefield_value
     due, seen = adapt(now - NODE_SEEN_RESOLUTION), adapt(now)

@@ -24,11 +24,14 @@ from fleet.identifiers import identifier_error, text_error
 
 # The widest values the columns hold (smallint, bigint): anything wider is bad input, not a 500.
 SMALLINT_MAX = 32_767
+INT_MAX = 2**31 - 1
 BIGINT_MAX = 2**63 - 1
 THROTTLE_KEYS = ("power_cap", "thermal", "hw_slowdown", "other", "any")
 # The longest GPU uuid (fleet.Gpu.uuid) and reported hostname (fleet.Node.reported_hostname).
 UUID_MAX = 100
 HOSTNAME_MAX = 255
+# fleet.Node.alloc_problem (the agent cuts its text to this: telemetry/agent/workloads.py)
+ALLOC_PROBLEM_MAX = 300
 
 Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=3600)]
@@ -137,6 +140,10 @@ class NodeIn(msgspec.Struct):
     driver_version: Annotated[str, msgspec.Meta(max_length=50)] = ""
     # Samples the agent's full spool dropped since its last successful push.
     spool_dropped_samples: Annotated[int, msgspec.Meta(ge=0, le=BIGINT_MAX)] = 0
+    # The allocation directory (docs/agent.md): the problem in force that hides allocations
+    # ("" none) and the files skipped at the agent's last look; absent: not said.
+    alloc_problem: Annotated[str, msgspec.Meta(max_length=ALLOC_PROBLEM_MAX)] | None = None
+    alloc_skipped_files: Annotated[int, msgspec.Meta(ge=0, le=INT_MAX)] | None = None
 
 
 # MIG (docs/ingest.md, "mig"): a GPU has at most MIG_SLICES_MAX slices, so at most that many
@@ -278,6 +285,8 @@ _RANGES = {
     "power_limit_w": "must be a number within 0–5000",
     "index": f"must be an integer within 0–{SMALLINT_MAX}",
     "spool_dropped_samples": "must be an integer ≥ 0",
+    "alloc_problem": f"must be a string of at most {ALLOC_PROBLEM_MAX} characters",
+    "alloc_skipped_files": f"must be an integer within 0–{INT_MAX}",
     "gi": f"must be an integer within 0–{SMALLINT_MAX}",
     "ci": f"must be an integer within 0–{SMALLINT_MAX}",
     "slices": f"must be an integer within 1–{MIG_SLICES_MAX} (and at most mig_slices)",

@@ -67,6 +67,7 @@ class Agent:
         its own (dcgm) says it on its readings or not at all. ``hook_socket``: where jobs'
         gpufleet_hook reports arrive (hook_socket.py; None: not listened for)."""
         self.clock: Clock = clock or RealClock()
+        self.workloads = workloads
         # an NVML backend (pynvml, or fake.FakeNvml) is read through the NVML collector
         self.source: Source = (
             source
@@ -131,6 +132,8 @@ class Agent:
         d: dict[str, Any] = {"hostname": self.hostname, "agent_version": __version__}
         if self.source.driver_version:
             d["driver_version"] = self.source.driver_version
+        if self.workloads is not None:
+            d.update(self.workloads.health())
         return d
 
     # -- sampling ---------------------------------------------------------------------------

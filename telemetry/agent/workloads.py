@@ -138,6 +138,8 @@ _INDEX = re.compile(r"[0-9]{1,5}")
 # rename, by the full rescan every ALLOC_RESCAN_S.
 ALLOC_RACY_S = 2.0
 ALLOC_RESCAN_S = 10.0
+# The longest problem text sent to the server (its wire limit for ``alloc_problem``).
+ALLOC_PROBLEM_MAX = 300
 
 
 def _path_owner(path: str) -> tuple[str, str] | None:
@@ -800,6 +802,7 @@ class AllocationDir:
         self.owners = _trusted_owners(owners)
         self.minors = minors
         self.problem: str | None = None
+        self._problem_level = logging.INFO
         self.skipped = 0
         self.problems_total = 0
         self._wall = wall  # the file system's clock, for ALLOC_RACY_S
@@ -865,6 +868,16 @@ class AllocationDir:
         else:
             log.info("allocation directory %s: read again", self.path)
         self.problem = why
+        self._problem_level = level
+
+    def health(self) -> dict[str, Any]:
+        """What the agent tells the server about the directory with every push (its node
+        header, docs/ingest.md): the problem in force that hides allocations ("" when none; a
+        directory not made yet, normal before the first GPU job, is none) and the files skipped
+        at the last look. The server shows both on ``/metrics``."""
+        problem = self.problem if self._problem_level >= logging.WARNING else None
+        text = f"{self.path} {problem}" if problem else ""
+        return {"alloc_problem": text[:ALLOC_PROBLEM_MAX], "alloc_skipped_files": self.skipped}
 
     def _scan(self) -> None:
         try:
@@ -1013,6 +1026,11 @@ class Discovery:
         self._by_gpu: dict[str, tuple[Workload, ...]] = {}
         self._canon: dict[Workload, Workload] = {}
         self._say = SaidOnce()
+
+    def health(self) -> dict[str, Any]:
+        """The allocation directory's health for the node header (:meth:`AllocationDir.health`);
+        empty for another allocation source or none."""
+        return self.allocations.health() if isinstance(self.allocations, AllocationDir) else {}
 
     def begin(self, now: float, gpus: Mapping[str, int]) -> None:
         """Start a tick at ``now``; ``gpus``: every GPU of the node, UUID → NVML index."""

@@ -5,8 +5,12 @@ minor number, array tasks and names from squeue, and a prolog that cannot write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,8 @@ from telemetry.agent.fake import MODELS, FakeNvml, ScriptedGpu
 from telemetry.agent.workloads import AllocationDir, nvml_minors
 
 from .conftest import Slurm, cluster
+
+DEV_LOG = "/dev/log"
 
 
 def allocations(slurm: Slurm, count: int) -> dict[str, Any]:
@@ -120,25 +126,62 @@ def test_array_tasks_and_names_come_from_squeue(slurm: Slurm) -> None:
     slurm.wait("the allocation files gone", lambda: not list(slurm.alloc_dir.iterdir()))
 
 
+@contextlib.contextmanager
+def syslog() -> Iterator[socket.socket]:
+    """A syslog daemon's socket at /dev/log, where ``logger`` sends (these machines run none);
+    skipped where a real one is there (its journal would have to be read instead)."""
+    if os.path.exists(DEV_LOG):
+        pytest.skip(f"{DEV_LOG} belongs to this machine's syslog")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(DEV_LOG)
+        os.chmod(DEV_LOG, 0o666)
+        sock.settimeout(1.0)
+        yield sock
+    finally:
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(DEV_LOG)
+
+
+def syslog_lines(sock: socket.socket, tag: str, until: float) -> list[str]:
+    """The messages tagged ``tag`` that arrive before ``until`` (time.monotonic())."""
+    lines: list[str] = []
+    while time.monotonic() < until and not lines:
+        try:
+            data = sock.recv(65536).decode("utf-8", "replace")
+        except TimeoutError:
+            continue
+        if f" {tag}:" in data or f" {tag}[" in data:
+            lines.append(data)
+    return lines
+
+
 def test_a_prolog_that_cannot_write_runs_the_job_and_says_so(slurm: Slurm) -> None:
-    """An allocation directory the prolog cannot make: the job runs, the node stays up."""
+    """An allocation directory the prolog cannot make: the job runs, the node stays up, and
+    the prolog says why in syslog (slurmd logs the output of a prolog that exits 0 nowhere)."""
     slurm.cancel_all()
     defaults = slurm.root / "gpufleet.defaults"
     before = defaults.read_text()
     blocker = slurm.root / "blocker"
     blocker.write_text("")
     try:
-        defaults.write_text(f"GPUFLEET_ALLOC_DIR={blocker}/alloc\n")
-        job = slurm.sbatch("--gres=gpu:1", "--wrap", "sleep 300")
-        slurm.wait(
-            "the job running",
-            lambda: (
-                [j["job_state"] for j in slurm.jobs() if str(j["job_id"]) == job] == ["RUNNING"]
-            ),
-        )
+        with syslog() as log:
+            defaults.write_text(f"GPUFLEET_ALLOC_DIR={blocker}/alloc\n")
+            job = slurm.sbatch("--gres=gpu:1", "--wrap", "sleep 300")
+            slurm.wait(
+                "the job running",
+                lambda: (
+                    [j["job_state"] for j in slurm.jobs() if str(j["job_id"]) == job] == ["RUNNING"]
+                ),
+            )
+            said = syslog_lines(log, "gpufleet-prolog", time.monotonic() + 30)
         state = slurm.cmd("sinfo", "--noheader", "--format=%t", "--nodes", slurm.node).strip()
         assert state in ("mix", "alloc")  # not drained
         assert not (blocker.parent / "alloc" / f"slurm-{job}.json").exists()
+        # <28>: facility daemon (3) × 8 + warning (4), as the prolog asks
+        assert len(said) == 1 and said[0].startswith("<28>"), said
+        assert f"gpufleet prolog, job {job}: cannot write into {blocker}/alloc" in said[0]
     finally:
         defaults.write_text(before)
         os.utime(defaults)
