@@ -462,3 +462,49 @@ def workload_window(*, workload_id: int, window: Window) -> WorkloadWindow | Non
         gpu_hours=cm.to_decimal(row.gpu_hours) if row is not None else Decimal(0),
         idle_cost=row.idle_cost if row is not None and row.priced else None,
     )
+
+
+@dataclass(frozen=True)
+class PartitionWaited:
+    """A partition's GPU hours waited for capacity in a window (DESIGN.md §9.2)."""
+
+    subject: str  # partition:CLUSTER/NAME
+    label: str
+    waited_gpu_hours: Decimal
+
+
+def partitions_waited(*, window: Window, scope: Scope) -> list[PartitionWaited]:
+    """Each partition's capacity-waited GPU hours in the window (``telemetry.queue_figures``:
+    jobs pending on Resources, Priority or ReqNodeNotAvail; the UTC hours that start in it),
+    for the partitions whose pools (``[[partitions]]``) are in the scope; the fleet scope
+    takes every partition, mapped to pools or not."""
+    from telemetry.queue_figures import partition_pools, queue_rows
+
+    rows = _memo(
+        ("queue_partitions", window),
+        lambda: queue_rows(start=window.start, end=window.end, group_by="partition"),
+    )
+    if scope.kind == "fleet":
+        inside: Callable[[tuple[str, str]], bool] = lambda key: True  # noqa: E731
+    else:
+        pools = Pool.objects.filter(
+            **({"name": scope.name} if scope.kind == "pool" else {"site__name": scope.name})
+        )
+        wanted = set(pools.values_list("pk", flat=True))
+        by_partition = partition_pools()
+
+        def inside(key: tuple[str, str]) -> bool:
+            return bool(wanted.intersection(by_partition.get(key, ())))
+
+    out = []
+    for row in rows:
+        key = (row["cluster"], row["key"])
+        if row["waited_gpu_hours_capacity"] and inside(key):
+            out.append(
+                PartitionWaited(
+                    subject=f"partition:{key[0]}/{key[1]}",
+                    label=f"{key[1]} ({key[0]})",
+                    waited_gpu_hours=cm.to_decimal(row["waited_gpu_hours_capacity"]),
+                )
+            )
+    return out

@@ -62,6 +62,10 @@ def rule_parse(row: dict[str, Any], *, where: str) -> RuleConfig:
         scope = Scope.parse(scope_text) if isinstance(scope_text, str) else Scope.parse("")
     except ValueError as exc:
         raise FleetFileError(f"{where}.scope: {exc}, not {scope_text!r}") from None
+    if kind.scopes is not None and scope.kind not in kind.scopes:
+        raise FleetFileError(
+            f"{where}.scope: {kind.name} takes {', '.join(kind.scopes)}, not {scope.kind}"
+        )
     if scope.kind in _SCOPE_MODELS:
         if not _SCOPE_MODELS[scope.kind].objects.filter(name=scope.name).exists():
             raise FleetFileError(f"{where}.scope: no {scope.kind} named {scope.name!r}")

@@ -129,6 +129,8 @@ class RuleKind:
     # Called for every rule of this kind before any is measured, so that figures read for
     # several rules are read together (alerts.figures.scope_plan).
     plan: Callable[[RuleConfig, Window], None] | None = None
+    # The scope kinds this rule can measure (None: all of SCOPE_KINDS).
+    scopes: tuple[str, ...] | None = None
 
     def breaches(self, value: Decimal, threshold: Decimal) -> bool:
         return value > threshold if self.above else value < threshold
@@ -233,6 +235,13 @@ def _workload_held_hours(rule: RuleConfig, window: Window, now: dt.datetime) -> 
     return [
         Measurement(w.subject, w.label, quantized(w.held_hours))
         for w in figures.workloads_held(window=window, scope=rule.scope)
+    ]
+
+
+def _queue_waited_hours(rule: RuleConfig, window: Window, now: dt.datetime) -> list[Measurement]:
+    return [
+        Measurement(p.subject, p.label, quantized(p.waited_gpu_hours))
+        for p in figures.partitions_waited(window=window, scope=rule.scope)
     ]
 
 
@@ -378,5 +387,25 @@ rule_kind_register(
             "GPUs when it is scaled down or deleted."
         ),
         symbols=("owner",),
+    )
+)
+rule_kind_register(
+    RuleKind(
+        name="queue_waited_hours",
+        measure=_queue_waited_hours,
+        unit=HOURS,
+        window=WINDOW_HOURS,
+        above=True,
+        check=_gpu_hours_any,
+        what=(
+            "GPU hours each Slurm partition's jobs waited for capacity (pending on Resources, "
+            "Priority or ReqNodeNotAvail)"
+        ),
+        advice=(
+            "Jobs queue for GPUs. The Queue page says how many of those hours waited while "
+            "GPUs of the partition's pools sat held or parked: if many, get the held ones "
+            "back before buying more; if few, the partition needs more GPUs."
+        ),
+        scopes=("fleet", "site", "pool"),
     )
 )
