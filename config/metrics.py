@@ -290,10 +290,11 @@ class FleetCollector:
             "an allocation; its log says why).",
             labels=["node"],
         )
-        for hostname, last_seen_at, dropped, agent_version, driver_version, *alloc in nodes:
+        for node in nodes:
+            hostname, last_seen_at, dropped, agent_version, driver_version, problem, skipped = node
             dropped_family.add_metric([hostname], int(dropped))
-            problem_family.add_metric([hostname], 1 if alloc[0] else 0)
-            skipped_family.add_metric([hostname], int(alloc[1]))
+            problem_family.add_metric([hostname], 1 if problem else 0)
+            skipped_family.add_metric([hostname], int(skipped))
             if last_seen_at is not None:
                 last_seen_family.add_metric([hostname], round(last_seen_at.timestamp(), 3))
             info_family.add_metric(
