@@ -136,7 +136,8 @@ def test_no_page_of_any_role_shows_template_syntax(
 def test_no_page_of_any_role_says_1_gpus(
     demo: dict[str, Any], role_client: Any, client: Any
 ) -> None:
-    one = re.compile(r"\b1 (GPUs|pools|teams|nodes|workloads|users|accounts|days|hours)\b")
+    # A whole 1 only: "2.1 GPUs" (the break-even's GPUs in service all month) is right.
+    one = re.compile(r"(?<![\d.,])1 (GPUs|pools|teams|nodes|workloads|users|accounts|days|hours)\b")
     said = [
         (role, url, found.group(0))
         for role, url, html in _every_page_of_every_role(demo, role_client, client)
