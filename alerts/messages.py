@@ -105,6 +105,10 @@ SUBJECT_PAGES: dict[str, Callable[[str, dict[str, str]], str]] = {
     "team": _board("team"),
     "site": _board("site"),
     "fleet": lambda name, dates: f"{reverse('overview')}?{urlencode(dates)}",
+    # the Queue page by partition, worst first (the partition's row is among the first)
+    "partition": lambda name, dates: (
+        f"{reverse('queue-page')}?{urlencode({**dates, 'group_by': 'partition'})}"
+    ),
 }
 
 

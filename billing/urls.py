@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing import views, workload_views
+from billing import queue_views, views, workload_views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -17,4 +17,5 @@ urlpatterns = [
     path("breakeven/", views.breakeven, name="breakeven"),
     path("workloads/", workload_views.workloads, name="workloads"),
     path("workloads/<int:pk>/", workload_views.workload_detail, name="workload-detail"),
+    path("queue/", queue_views.queue_page, name="queue-page"),
 ]

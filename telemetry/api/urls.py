@@ -2,9 +2,10 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from telemetry.api.views import IngestView, QueuePushView
+from telemetry.api.views import IngestView
 
+# POST /api/v1/queue (telemetry.api.views.QueuePushView) shares its URL with the GET of the
+# queue figures, which carry money: both are billing.api.queue.QueueView (billing/api/urls.py).
 urlpatterns: list[URLPattern | URLResolver] = [
     path("ingest", IngestView.as_view(), name="ingest"),
-    path("queue", QueuePushView.as_view(), name="queue"),
 ]

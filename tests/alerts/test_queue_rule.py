@@ -87,3 +87,15 @@ def test_a_pool_scope_rule_parses() -> None:
         where="alerts[0]",
     )
     assert (config.kind, str(config.scope), config.window_hours) == (RULE, "pool:training", 24)
+
+
+@pytest.mark.django_db
+def test_a_partition_alert_links_to_the_queue_page_by_partition() -> None:
+    from alerts.messages import subject_path
+    from alerts.rules import Window
+
+    window = Window(T0, T0 + dt.timedelta(hours=24))
+    path = subject_path("partition:hpc/h100", window)
+    assert path.startswith("/queue/?") and "group_by=partition" in path
+    # 09:00 UTC to 09:00 the next day (the report zone is UTC here): both days shown
+    assert "from=2026-11-30" in path and "to=2026-12-01" in path

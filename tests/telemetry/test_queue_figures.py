@@ -13,12 +13,19 @@ from typing import Any
 
 import pytest
 
-from fleet.models import Node, Pool
+from fleet.models import Gpu, Node, Pool
 from fleet.services import ApplyResult, FleetFileError
-from telemetry.models import PendingStretch, QueueCluster, QueuePartition, QueueWaitHourly
+from telemetry.models import (
+    HourlyUsage,
+    PendingStretch,
+    QueueCluster,
+    QueuePartition,
+    QueueWaitHourly,
+)
 from telemetry.queue import hour_segments, queue_partitions_apply, queue_snapshot_apply
 from telemetry.queue_figures import (
     capacity_waited_gpus_by_partition_hour,
+    partition_hours,
     partition_pools,
     percentile,
     queue_rows,
@@ -118,6 +125,8 @@ def test_a_job_pending_over_five_snapshots_is_one_stretch(push: Any) -> None:
             "jobs": 1,
             "wait_p50_s": 300.0,
             "wait_p95_s": 300.0,
+            # No [[partitions]] entry: no pools, so nothing held for it.
+            "wanted_while_held_gpu_hours": 0.0,
         }
     ]
 
@@ -227,6 +236,7 @@ def test_p50_and_p95_of_the_waits(push: Any) -> None:
             "jobs": 5,
             "wait_p50_s": 180.0,
             "wait_p95_s": pytest.approx(528.0),
+            "wanted_while_held_gpu_hours": 0.0,  # no pools
         }
     ]
     users = {r["key"]: r for r in queue_rows(start=T0, end=T0 + HOUR, group_by="user")}
@@ -358,3 +368,113 @@ def test_fleet_document_applies_partitions_through_the_section_hook(db: Any) -> 
         services._FLEET_SECTIONS.pop("partitions", None)
     pool = Pool.objects.get(name="training")
     assert partition_pools() == {("hpc", "h100"): [pool.pk]}
+
+
+# --- wanted while held ---------------------------------------------------------------------------
+def idle_gpus(
+    pool: Pool, hours: list[dt.datetime], held_s: list[float], parked_s: float = 0
+) -> None:
+    """One GPU per entry of ``held_s`` in ``pool`` (its own node), each with an hourly rollup
+    in every hour of ``hours``: that many held seconds and ``parked_s`` parked."""
+    node = Node.objects.create(hostname=f"{pool.name}-{Node.objects.count()}", pool=pool)
+    for index, held in enumerate(held_s):
+        gpu = Gpu.objects.create(uuid=f"GPU-{pool.name}-{node.pk}-{index}", node=node, index=index)
+        for hour in hours:
+            HourlyUsage.objects.create(
+                gpu=gpu, hour=hour, pool=pool, node=node, samples=60, observed_s=3600.0,
+                air_s=3600.0 - held - parked_s, held_s=held, parked_s=parked_s,
+                computed_at=T0,
+            )  # fmt: skip
+
+
+def wait_two_hours(push: Any, jobs: list[PendingJob]) -> None:
+    """``jobs`` pending from T0, a snapshot a minute, gone at T0 + 2 h: 120 intervals of 60 s,
+    60 in the 09:00 hour and 60 in the 10:00 hour."""
+    for k in range(120):
+        push(60 * k, jobs)
+    push(7200, [])
+
+
+def partitions(mapping: dict[str, list[str]]) -> None:
+    doc = {
+        "partitions": [
+            {"cluster": "hpc", "name": name, "pools": pools} for name, pools in mapping.items()
+        ]
+    }
+    queue_partitions_apply(document=doc, result=ApplyResult())
+
+
+def test_four_gpus_waited_two_hours_while_three_sat_held_is_six_gpu_hours(push: Any) -> None:
+    """A job of 4 GPUs waits 2 h (capacity) in partition h100 → 4 GPU hours waited in each
+    hour. Its pool has 3 GPUs, held all of both hours (air 0): 3 GPU hours each hour. Per
+    hour min(4, 3) = 3, over 2 hours 6 GPU hours. Another pool's held GPU counts nothing,
+    nor does a policy wait."""
+    training, other = Pool.objects.create(name="training"), Pool.objects.create(name="other")
+    partitions({"h100": ["training"]})
+    idle_gpus(training, [T0, T0 + HOUR], [3600.0, 3600.0, 3600.0])
+    idle_gpus(other, [T0, T0 + HOUR], [3600.0])
+    wait_two_hours(push, [j("1", gpus=4), j("2", gpus=8, cls="policy", reason="QOSMaxGRES")])
+    hours = partition_hours(start=T0, end=T0 + 2 * HOUR)
+    assert sorted(hours) == [("hpc", "h100", T0), ("hpc", "h100", T0 + HOUR)]
+    first = hours[("hpc", "h100", T0)]
+    assert (first.waited_gpu_hours, first.idle_gpu_hours, first.wanted_gpu_hours) == (
+        pytest.approx(4.0),
+        3.0,
+        3.0,
+    )
+    assert len(first.idle_s_by_gpu) == 3
+    (row,) = queue_rows(start=T0, end=T0 + 2 * HOUR, group_by="partition")
+    assert row["waited_gpu_hours"] == pytest.approx(4 * 2 + 8 * 2)
+    assert row["wanted_while_held_gpu_hours"] == pytest.approx(6.0)
+    # One hour of the two: 3.
+    (row,) = queue_rows(start=T0 + HOUR, end=T0 + 2 * HOUR, group_by="partition")
+    assert row["wanted_while_held_gpu_hours"] == pytest.approx(3.0)
+
+
+def test_parked_gpus_count_and_the_wait_caps_what_is_wanted(push: Any) -> None:
+    """2 GPUs waited for; the pool's 4 GPUs each held 1,800 s and parked 900 s an hour:
+    4 × 2,700 s = 3 GPU hours idle ≥ 2 waited → 2 an hour, 4 over the two hours."""
+    training = Pool.objects.create(name="training")
+    partitions({"h100": ["training"]})
+    idle_gpus(training, [T0, T0 + HOUR], [1800.0] * 4, parked_s=900.0)
+    wait_two_hours(push, [j("1", gpus=2)])
+    (row,) = queue_rows(start=T0, end=T0 + 2 * HOUR, group_by="cluster")
+    assert (row["key"], row["wanted_while_held_gpu_hours"]) == ("hpc", pytest.approx(4.0))
+
+
+@pytest.mark.parametrize(
+    ("group_by", "expected"),
+    [
+        # alice waits for 3 GPUs, bob for 1: 4 waited an hour, 2 idle → 2 wanted an hour,
+        # alice's part 3/4 = 1.5, bob's 0.5; over 2 hours 3.0 and 1.0.
+        ("user", {"alice": 3.0, "bob": 1.0}),
+        # Both in account nlp.
+        ("account", {"nlp": 4.0}),
+        ("partition", {"h100": 4.0}),
+    ],
+)
+def test_wanted_hours_are_shared_by_each_groups_capacity_wait(
+    push: Any, group_by: str, expected: dict[str, float]
+) -> None:
+    training = Pool.objects.create(name="training")
+    partitions({"h100": ["training"]})
+    idle_gpus(training, [T0, T0 + HOUR], [3600.0, 3600.0])
+    wait_two_hours(push, [j("1", gpus=3), j("2", gpus=1, user="bob")])
+    rows = queue_rows(start=T0, end=T0 + 2 * HOUR, group_by=group_by)
+    assert {r["key"]: r["wanted_while_held_gpu_hours"] for r in rows} == {
+        k: pytest.approx(v) for k, v in expected.items()
+    }
+
+
+def test_no_held_gpus_or_no_pools_want_nothing(push: Any) -> None:
+    """The pool's GPU was busy all the time (air 3,600 s): nothing held, nothing wanted; a
+    partition with no [[partitions]] entry has no pools."""
+    training = Pool.objects.create(name="training")
+    partitions({"h100": ["training"]})
+    idle_gpus(training, [T0, T0 + HOUR], [0.0])
+    wait_two_hours(push, [j("1", gpus=2), j("2", gpus=2, partition="a100")])
+    rows = queue_rows(start=T0, end=T0 + 2 * HOUR, group_by="partition")
+    assert {r["key"]: r["wanted_while_held_gpu_hours"] for r in rows} == {
+        "h100": 0.0,
+        "a100": 0.0,
+    }
