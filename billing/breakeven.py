@@ -158,6 +158,15 @@ def own_cost_per_mtok(
     )
 
 
+def measured_cost_per_mtok(*, cost: Decimal, tokens: Number) -> Decimal | None:
+    """What a million tokens cost where they were measured (job efficiency, DESIGN.md §9.4):
+    ``cost / tokens × 1e6``; ``None`` without tokens."""
+    tokens_d = to_decimal(tokens)
+    if tokens_d <= 0:
+        return None
+    return cost / tokens_d * TOKENS_PER_MTOK
+
+
 def _breakeven(
     *, economics: PoolEconomics, price_per_gpu_hour_at_full_load: Decimal
 ) -> float | None:

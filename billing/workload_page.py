@@ -49,11 +49,11 @@ from billing.workloads import (
     _Part,
     _parts,
     _Pricing,
-    _pricing_load,
     _rate,
     _rate_classes,
     _split,
     _window,
+    pricing_load,
     team_filtered,
     workload_accounts,
     workload_figures,
@@ -96,7 +96,7 @@ def workload_page_figures(
     if days is None:
         return _page_in_full(start=start, end=end, filters=filters, limit=limit, worst=worst)
     window = _window(start, end, settings.report_zone)
-    pricing = _pricing_load()
+    pricing = pricing_load()
     split = _split(pricing, *window)
     sums = _grouped_sums(
         days=days,

@@ -16,6 +16,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
 from billing.dashboard import DashboardFilters, dashboard_filters
+from billing.efficiency import EfficiencyFigures, efficiency_figures
 from billing.formatting import count, money, num, pct
 from billing.views import _can_view_costs, _card, _context, _money_card
 from billing.workload_page import workload_account_figures, workload_page_figures
@@ -73,10 +74,13 @@ def workload_table(
     qs: str = "",
     limit: int | None = None,
     filter_by: str | None = None,
+    efficiency: dict[int, EfficiencyFigures] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows as the tables show them; a viewer's carry no money and come worst held first.
     ``filter_by`` ("user", "account"): rows of users or accounts, each linking to the
-    Workloads page filtered by it (else a row of one workload links to its page)."""
+    Workloads page filtered by it (else a row of one workload links to its page).
+    ``efficiency``: job efficiency by workload id (``workload_efficiency``), for the rows of
+    workloads whose training loop reported."""
     if not show_money:
         rows = sorted(rows, key=lambda r: (-r.held_hours, r.key))
     out = []
@@ -89,6 +93,7 @@ def workload_table(
                 )
         elif r.workload_pk is not None and r.day is None and r.gpu_uuid is None:
             url = reverse("workload-detail", args=[r.workload_pk]) + (f"?{qs}" if qs else "")
+        job = (efficiency or {}).get(r.workload_pk) if r.workload_pk is not None else None
         out.append(
             {
                 "key": r.key,
@@ -111,9 +116,23 @@ def workload_table(
                 "gpu_uuid": r.gpu_uuid or "",
                 "gpu_label": r.gpu_label or "",
                 "day": r.day,
+                "mfu": pct(job.row.mfu) if job is not None else "",
+                "data_starved": pct(job.row.data_starved_share) if job is not None else "",
+                "checkpoint": pct(job.row.checkpoint_share) if job is not None else "",
             }
         )
     return out
+
+
+def workload_efficiency(
+    flt: DashboardFilters, workload_ids: list[int]
+) -> dict[int, EfficiencyFigures]:
+    """Job efficiency (MFU, data-starved and checkpoint shares) of these workloads over the
+    page's range, by workload id: only those whose training loop reported (gpufleet_hook)."""
+    rows = efficiency_figures(
+        start=flt.start, end=flt.end_exclusive, group_by="workload", workload_ids=workload_ids
+    )
+    return {f.row.workload_id: f for f in rows if f.row.workload_id is not None}
 
 
 @login_required
@@ -134,6 +153,7 @@ def workloads(request: HttpRequest) -> HttpResponse:
         worst="idle_cost" if show_money else "held_hours",
     )
     rows, users, accounts, total = page.workloads, page.users, page.accounts, page.total
+    efficiency = workload_efficiency(flt, [r.workload_pk for r in rows if r.workload_pk])
     # The totals from the users' rows: every workload has exactly one user (or none), and
     # the workloads' list holds only the worst of them.
     keep = list(own.items())
@@ -186,7 +206,8 @@ def workloads(request: HttpRequest) -> HttpResponse:
             own_errors=errors,
             kinds=WORKLOAD_KINDS,
             cards=cards,
-            rows=workload_table(rows, show_money, flt.querystring),
+            rows=workload_table(rows, show_money, flt.querystring, efficiency=efficiency),
+            efficiency=bool(efficiency),
             total=total,
             shown=len(rows),
             users=workload_table(
@@ -234,6 +255,40 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
                     "Idle cost", row.idle_cost, cur, accent="idle-money", ident="kpi-idle-cost"
                 ),
             ]
+    job = workload_efficiency(flt, [workload.pk]).get(workload.pk)
+    job_cards = []
+    if job is not None:
+        job_cards = [
+            _card("MFU", pct(job.row.mfu), "of the GPUs' dense bf16 peak", ident="kpi-mfu"),
+            _card(
+                "Data-starved",
+                pct(job.row.data_starved_share),
+                "of wall time waiting for data",
+                ident="kpi-data-starved",
+            ),
+            _card(
+                "Checkpointing",
+                pct(job.row.checkpoint_share),
+                "of wall time saving",
+                ident="kpi-checkpoint",
+            ),
+            _card(
+                "Tokens per GPU hour",
+                num(job.row.tokens_per_gpu_hour, 0),
+                f"{num(job.row.gpu_hours)} GPU h reported",
+                ident="kpi-tokens-per-gpu-hour",
+            ),
+        ]
+        if show_money:
+            job_cards.append(
+                _card(
+                    "Cost per million tokens",
+                    money(job.cost_per_mtok, flt.currency, 4),
+                    "of the GPU hours reported",
+                    accent="money",
+                    ident="kpi-cost-per-mtok",
+                )
+            )
     return render(
         request,
         "billing/workload_detail.html",
@@ -247,6 +302,7 @@ def workload_detail(request: HttpRequest, pk: int) -> HttpResponse:
             row=row,
             team=row.team if row is not None else "",
             cards=cards,
+            job_cards=job_cards,
             gpus=workload_table(figures["gpu"], show_money),
             days=sorted(
                 workload_table(figures["day"], show_money),

@@ -191,7 +191,7 @@ class _Pricing:
         )
 
 
-def _pricing_load(gpu_ids: Iterable[int] | None = None) -> dict[int, _Pricing]:
+def pricing_load(gpu_ids: Iterable[int] | None = None) -> dict[int, _Pricing]:
     """Each GPU's cost terms by the same resolution as its cost rows (gpu > node > pool >
     site profile, ``billing.cost_model.cost_profile_resolve``), and its service start."""
     profiles = {(p.scope_kind, p.scope_name): p for p in CostProfile.objects.all()}
@@ -231,6 +231,47 @@ class _SiteTerms:
     name: str
     pue: Decimal
     price_per_kwh: Decimal
+
+
+@dataclass(frozen=True)
+class GpuSeconds:
+    """Seconds of one GPU at one site (its attribution then) within ``[start, end)``, with the
+    energy they drew: what ``gpu_seconds_cost`` prices."""
+
+    gpu_id: int
+    site_id: int | None
+    start: dt.datetime
+    end: dt.datetime
+    gpu_s: float
+    energy_j: float
+
+
+def gpu_seconds_cost(*, pieces: Sequence[GpuSeconds]) -> tuple[Decimal, bool]:
+    """The cost of GPU seconds priced as a workload's are (§8.1, ``workload_figures``): each
+    piece's hours × its GPU's mean fixed rate over ``[start, end)`` (the same profile
+    resolution and depreciation as its cost rows), plus on owned GPUs its energy × the site's
+    PUE × price. Returns (the sum, priced: every GPU has a cost profile and a site)."""
+    if not pieces:
+        return Decimal(0), True
+    pricing = pricing_load({p.gpu_id for p in pieces})
+    sites = {
+        s.pk: _SiteTerms(name=s.name, pue=s.pue, price_per_kwh=s.price_per_kwh)
+        for s in Site.objects.filter(pk__in={p.site_id for p in pieces if p.site_id})
+    }
+    total, priced = Decimal(0), True
+    for piece in pieces:
+        rate, paid_as, profiled = _rate(pricing.get(piece.gpu_id), None, (piece.start, piece.end))
+        site = sites.get(piece.site_id) if piece.site_id is not None else None
+        total += cm.workload_cost(
+            kind=paid_as,
+            fixed_rate_per_hour=rate,
+            gpu_hours=cm.hours_from_seconds(seconds=piece.gpu_s),
+            energy_kwh=cm.kwh_from_joules(energy_j=piece.energy_j),
+            pue=site.pue if site is not None else Decimal(1),
+            price_per_kwh=site.price_per_kwh if site is not None else Decimal(0),
+        )
+        priced = priced and profiled and site is not None
+    return total, priced
 
 
 # --- parts: one SQL aggregate ---------------------------------------------------------------
@@ -583,7 +624,7 @@ def _window_read(
     (``_parts_read``)."""
     fleet_settings = FleetSettings.load()
     window_start, window_end = _window(start, end, fleet_settings.report_zone)
-    pricing = pricing if pricing is not None else _pricing_load()
+    pricing = pricing if pricing is not None else pricing_load()
     parts = _parts_read(
         start=start,
         end=end,
@@ -649,7 +690,7 @@ def workload_figures_by(
     shows workloads, users and accounts reads them once). ``limits``: per grouping, only its
     first rows, worst first by ``worst`` (``idle_cost``, or ``held_hours`` for a page without
     money): a page of 200 out of 45,000 workloads builds 200 rows. ``pricing``: each GPU's
-    pricing, where the caller has read it already (``_pricing_load``)."""
+    pricing, where the caller has read it already (``pricing_load``)."""
     if worst not in ("idle_cost", "held_hours"):
         raise ValueError("worst: idle_cost or held_hours")
     if end <= start:

@@ -38,6 +38,10 @@ class FleetSettings(models.Model):
     # The break-even workload of pools without their own (fleet file `[breakeven]`; keys in
     # billing.forms.BREAKEVEN_KEYS): the break-even page's defaults and the weekly email's.
     breakeven = models.JSONField(default=dict, blank=True)
+    # Dense bf16 peaks in TFLOP/s that override telemetry.efficiency's table (fleet file
+    # `[[peaks]]`): by catalogue key ("H100-SXM") or, for a model the catalogue does not know,
+    # by the NVML device name as the GPUs report it. What MFU divides by (DESIGN.md §9.4).
+    peaks = models.JSONField(default=dict, blank=True)
 
     class Meta:
         verbose_name_plural = "fleet settings"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -173,6 +174,45 @@ def fleet_decimal(
     return number
 
 
+PEAK_KEYS = ("model", "tflops")
+
+
+def fleet_peaks(rows: Any) -> dict[str, float]:
+    """The fleet file's ``[[peaks]]`` (``model``, ``tflops``: the dense bf16 peak in TFLOP/s
+    that MFU divides by, DESIGN.md §9.4) as stored in ``FleetSettings.peaks``: TFLOP/s by
+    catalogue key. A ``model`` is read as a GPU's NVML name is (``H100-SXM``, ``H100 SXM`` and
+    ``NVIDIA H100 80GB HBM3`` are all the catalogue's H100 SXM); a name the catalogue does not
+    know is kept as written and applies to GPUs that report exactly that name. Raises
+    ``FleetFileError`` naming the row and field."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise FleetFileError("peaks: must be an array of tables ([[peaks]])")
+    keys = {entry.key.casefold(): entry.key for entry in CATALOGUE}
+    out: dict[str, float] = {}
+    for i, row in enumerate(rows):
+        where = f"peaks[{i}]"
+        unknown = sorted(set(row) - set(PEAK_KEYS))
+        if unknown:
+            raise FleetFileError(f"{where}.{unknown[0]}: unknown (known: {', '.join(PEAK_KEYS)})")
+        model = row.get("model")
+        if not isinstance(model, str) or not model.strip():
+            raise FleetFileError(f'{where}.model: required (a GPU model such as "H100-SXM")')
+        error = text_error(model, max_length=100)
+        if error is not None:
+            raise FleetFileError(f"{where}.model: {error}")
+        tflops = row.get("tflops")
+        # A number, not a string: a peak is no money, and "989" in quotes is a typo to catch.
+        if isinstance(tflops, bool) or not isinstance(tflops, int | float):
+            raise FleetFileError(f"{where}.tflops: required, a number of TFLOP/s such as 989")
+        if not math.isfinite(tflops) or tflops <= 0:
+            raise FleetFileError(f"{where}.tflops: must be a finite number > 0, not {tflops!r}")
+        entry = catalogue_match(model)
+        key = keys.get(model.casefold()) or (entry.key if entry is not None else model)
+        if key in out:
+            raise FleetFileError(f"{where}.model: {model!r} is {key}, which an earlier row sets")
+        out[key] = float(tflops)
+    return out
+
+
 def _table(document: dict[str, Any], name: str) -> list[dict[str, Any]]:
     rows = document.get(name, [])
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
@@ -240,6 +280,7 @@ def fleet_file_apply(*, document: dict[str, Any]) -> ApplyResult:
         if not 0 < target <= 1:
             raise FleetFileError("target_utilization: must be within (0, 1]")
         values["target_utilization"] = target
+    values["peaks"] = fleet_peaks(document.get("peaks", []))
     _, _, changed = _upsert(FleetSettings, {"pk": fs.pk}, values)
     result.count("settings", False, changed)
 

@@ -10,15 +10,16 @@ Figures of one group (sums over its JobHour rows):
 - ``data_starved_share`` = Σ data_wait_s / Σ wall_s; ``checkpoint_share`` = Σ ckpt_s / Σ wall_s;
 - ``tokens_per_gpu_hour`` = Σ tokens / gpu_hours.
 
-No money here (telemetry knows none): the cost per million tokens is the caller's, from
-``gpu_hours`` and ``tokens`` of the same rows.
+No money here (telemetry knows none): each row carries its ``parts`` (per GPU and site: the
+GPU seconds the reports cover, the hours they span and the energy those seconds drew), which
+billing prices for the cost per million tokens (``billing.efficiency``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
@@ -44,6 +45,14 @@ PEAK_FLOPS: dict[str, float] = {
 }
 
 
+def fleet_peaks() -> dict[str, float]:
+    """The fleet file's ``[[peaks]]`` (``FleetSettings.peaks``, TFLOP/s) in flops per second,
+    as :func:`peak_flops` takes them."""
+    from fleet.models import FleetSettings
+
+    return {key: float(tflops) * 1e12 for key, tflops in FleetSettings.load().peaks.items()}
+
+
 def peak_flops(gpu_name: str, overrides: Mapping[str, float] | None = None) -> float | None:
     """The dense bf16 peak (flops per second) of a GPU by its NVML name (``NVIDIA H100 80GB
     HBM3`` is an H100 SXM), or ``None`` where unknown. ``overrides`` (the fleet file's
@@ -61,9 +70,26 @@ def peak_flops(gpu_name: str, overrides: Mapping[str, float] | None = None) -> f
 
 
 @dataclass
+class JobPart:
+    """The GPU seconds of a group's reports on one GPU at one site: what billing prices.
+    ``energy_j``: the energy those seconds drew, i.e. the workload's energy on that GPU in each
+    hour (its hourly rollup) × min(1, wall_s / its GPU seconds), or, for reports of no
+    workload, the GPU's energy in that hour × min(1, wall_s / observed seconds); 0 in an hour
+    not rolled up yet. ``first_hour`` .. ``last_hour``: the UTC hours the reports fall in."""
+
+    gpu_id: int
+    site_id: int | None
+    first_hour: dt.datetime
+    last_hour: dt.datetime
+    wall_s: float
+    energy_j: float
+
+
+@dataclass
 class EfficiencyRow:
     key: str
     kind: str | None  # workloads only
+    workload_id: int | None  # workloads only
     gpu_hours: float
     steps: float
     samples: float
@@ -72,6 +98,7 @@ class EfficiencyRow:
     data_starved_share: float | None
     checkpoint_share: float | None
     tokens_per_gpu_hour: float | None
+    parts: list[JobPart] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -88,22 +115,33 @@ class EfficiencyRow:
         }
 
 
-# One row per (workload, model, GPU name, pool, team) of the period, summed in the database.
-# Pool and team: the GPU's attribution in that hour as the rollup recorded it (HourlyUsage),
-# else where the GPU belongs now (an hour not rolled up yet).
+# One row per (workload, model, GPU, pool, team, site) of the period, summed in the database.
+# Pool, team and site: the GPU's attribution in that hour as the rollup recorded it
+# (HourlyUsage), else where the GPU belongs now (an hour not rolled up yet). The energy of the
+# reported seconds (JobPart): a share of the workload's rolled-up energy on that GPU in that
+# hour, else of the GPU's, never more than all of it (CASE: portable to SQLite, no LEAST).
 _SUMS_SQL = """
 SELECT j.workload_id, w.kind, w.key, w.user_name, w.account, j.model, g.name,
        COALESCE(h.pool_id, n.pool_id), COALESCE(h.team_id, g.team_id, p.team_id),
+       j.gpu_id, COALESCE(wh.site_id, h.site_id, n.site_id, p.site_id),
        sum(j.steps), sum(j.samples), sum(j.tokens), sum(j.flops), sum(j.wall_s),
-       sum(j.data_wait_s), sum(j.ckpt_s), sum(j.flops_wall_s)
+       sum(j.data_wait_s), sum(j.ckpt_s), sum(j.flops_wall_s), min(j.hour), max(j.hour),
+       sum(CASE
+           WHEN wh.gpu_s > 0 THEN wh.energy_j * CASE WHEN j.wall_s < wh.gpu_s
+                                                     THEN j.wall_s / wh.gpu_s ELSE 1 END
+           WHEN h.observed_s > 0 THEN h.energy_j * CASE WHEN j.wall_s < h.observed_s
+                                                        THEN j.wall_s / h.observed_s ELSE 1 END
+           ELSE 0 END)
 FROM telemetry_jobhour AS j
 JOIN fleet_gpu AS g ON g.id = j.gpu_id
 JOIN fleet_node AS n ON n.id = g.node_id
 LEFT JOIN fleet_pool AS p ON p.id = n.pool_id
 LEFT JOIN telemetry_hourlyusage AS h ON h.gpu_id = j.gpu_id AND h.hour = j.hour
+LEFT JOIN telemetry_workloadhourlyusage AS wh
+       ON wh.workload_id = j.workload_id AND wh.gpu_id = j.gpu_id AND wh.hour = j.hour
 LEFT JOIN telemetry_workload AS w ON w.id = j.workload_id
-WHERE j.hour >= %s AND j.hour < %s
-GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+WHERE j.hour >= %s AND j.hour < %s{workloads}
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
 """
 
 # (kind, key, user, account) of a workload → its team id by the [[workload_teams]] rules, or
@@ -118,23 +156,38 @@ def job_efficiency(
     group_by: str,
     peaks: Mapping[str, float] | None = None,
     team_of: TeamOf | None = None,
+    workload_ids: Sequence[int] | None = None,
 ) -> list[EfficiencyRow]:
     """Rows of ``group_by`` (``workload``, ``model``, ``pool``, ``team``) over the hours in
-    ``[start, end)``, most GPU hours first. ``peaks``: the fleet file's ``[[peaks]]``
-    (:func:`peak_flops`); ``team_of``: the workload team rules (default: none)."""
+    ``[start, end)``, most GPU hours first. ``peaks``: flops per second by catalogue key or
+    NVML name (:func:`peak_flops`; default: the fleet file's ``[[peaks]]``, :func:`fleet_peaks`);
+    ``team_of``: the workload team rules (default: none); ``workload_ids``: only the reports
+    of these workloads (a page's rows)."""
     if group_by not in GROUP_BY:
         raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}")
     from fleet.models import Pool, Team
 
+    if peaks is None:
+        peaks = fleet_peaks()
+    params: list[Any] = [start, end]
+    workloads = ""
+    if workload_ids is not None:
+        if not workload_ids:
+            return []
+        workloads = f" AND j.workload_id IN ({', '.join(['%s'] * len(workload_ids))})"
+        params += list(workload_ids)
     with connection.cursor() as cursor:
-        cursor.execute(_SUMS_SQL, [start, end])
+        cursor.execute(_SUMS_SQL.format(workloads=workloads), params)
         rows = cursor.fetchall()
     pools = dict(Pool.objects.values_list("pk", "name")) if group_by == "pool" else {}
     teams = dict(Team.objects.values_list("pk", "name")) if group_by == "team" else {}
     peak_cache: dict[str, float | None] = {}
-    groups: dict[tuple[str, str | None], list[float]] = {}
+    # A group: (key, kind, workload id); a workload is its id (its key is unique per site and
+    # kind only), other groups have neither kind nor id.
+    groups: dict[tuple[str, str | None, int | None], list[float]] = {}
+    parts: dict[tuple[str, str | None, int | None], dict[tuple[int, int | None], JobPart]] = {}
     for (
-        _workload_id,
+        workload_id,
         kind,
         wkey,
         user,
@@ -143,6 +196,8 @@ def job_efficiency(
         gpu_name,
         pool_id,
         team_id,
+        gpu_id,
+        site_id,
         steps,
         samples,
         tokens,
@@ -151,18 +206,21 @@ def job_efficiency(
         data_wait_s,
         ckpt_s,
         flops_wall_s,
+        first_hour,
+        last_hour,
+        energy_j,
     ) in rows:
-        key: tuple[str, str | None]
+        key: tuple[str, str | None, int | None]
         if group_by == "workload":
-            key = (wkey, kind) if wkey is not None else (UNASSIGNED, None)
+            key = (wkey, kind, workload_id) if wkey is not None else (UNASSIGNED, None, None)
         elif group_by == "model":
-            key = (model, None)
+            key = (model, None, None)
         elif group_by == "pool":
-            key = (pools.get(pool_id, UNASSIGNED), None)
+            key = (pools.get(pool_id, UNASSIGNED), None, None)
         else:
             if team_of is not None and kind is not None:
                 team_id = team_of(kind, wkey, user or "", account or "") or team_id
-            key = (teams.get(team_id, UNASSIGNED), None)
+            key = (teams.get(team_id, UNASSIGNED), None, None)
         if gpu_name not in peak_cache:
             peak_cache[gpu_name] = peak_flops(gpu_name or "", peaks)
         peak = peak_cache[gpu_name]
@@ -176,17 +234,39 @@ def job_efficiency(
         if peak is not None and flops_wall_s:
             acc[6] += flops or 0.0
             acc[7] += peak * flops_wall_s
-    out = [_row(key, kind, acc) for (key, kind), acc in groups.items()]
+        first_hour, last_hour = _aware(first_hour), _aware(last_hour)
+        group_parts = parts.setdefault(key, {})
+        part = group_parts.get((gpu_id, site_id))
+        if part is None:
+            group_parts[(gpu_id, site_id)] = JobPart(
+                gpu_id, site_id, first_hour, last_hour, wall_s or 0.0, energy_j or 0.0
+            )
+        else:
+            part.first_hour = min(part.first_hour, first_hour)
+            part.last_hour = max(part.last_hour, last_hour)
+            part.wall_s += wall_s or 0.0
+            part.energy_j += energy_j or 0.0
+    out = [_row(group, acc, list(parts[group].values())) for group, acc in groups.items()]
     out.sort(key=lambda r: (-r.gpu_hours, r.key))
     return out
 
 
-def _row(key: str, kind: str | None, acc: list[float]) -> EfficiencyRow:
+def _aware(hour: Any) -> dt.datetime:
+    """A raw cursor's hour as an aware UTC datetime (SQLite hands back text or naive values)."""
+    moment: dt.datetime = dt.datetime.fromisoformat(hour) if isinstance(hour, str) else hour
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def _row(
+    group: tuple[str, str | None, int | None], acc: list[float], parts: list[JobPart]
+) -> EfficiencyRow:
+    key, kind, workload_id = group
     wall_s, steps, samples, tokens, data_wait_s, ckpt_s, flops, peak_s = acc
     gpu_hours = wall_s / 3600.0
     return EfficiencyRow(
         key=key,
         kind=kind,
+        workload_id=workload_id,
         gpu_hours=gpu_hours,
         steps=steps,
         samples=samples,
@@ -195,4 +275,5 @@ def _row(key: str, kind: str | None, acc: list[float]) -> EfficiencyRow:
         data_starved_share=data_wait_s / wall_s if wall_s > 0 else None,
         checkpoint_share=ckpt_s / wall_s if wall_s > 0 else None,
         tokens_per_gpu_hour=tokens / gpu_hours if gpu_hours > 0 else None,
+        parts=parts,
     )

@@ -135,6 +135,17 @@ def test_naive_dates_are_in_the_report_time_zone(tmp_path, capsys):
             ),
             "pools[1].breakeven: give either api_price_per_mtok",
         ),
+        (lambda t: t.replace("tflops = 989", "tflops = 0"), "peaks[0].tflops: must be"),
+        (lambda t: t.replace("tflops = 989", "tflops = -5.5"), "peaks[0].tflops: must be"),
+        (lambda t: t.replace("tflops = 989", 'tflops = "989"'), "peaks[0].tflops: required"),
+        (lambda t: t.replace("tflops = 989", "tflops = nan"), "peaks[0].tflops: must be"),
+        (lambda t: t.replace("tflops = 2250", "teraflops = 2250"), "peaks[1].teraflops: unknown"),
+        (lambda t: t.replace('model = "NVIDIA B200"', 'model = ""'), "peaks[1].model: required"),
+        (
+            # "H100 SXM" is the catalogue's H100-SXM, which the first row sets already
+            lambda t: t.replace('model = "NVIDIA B200"', 'model = "H100 SXM"'),
+            "peaks[1].model: 'H100 SXM' is H100-SXM, which an earlier row sets",
+        ),
     ],
 )
 def test_bad_files_name_the_field_and_change_nothing(tmp_path, mutation, message):
@@ -151,3 +162,29 @@ def test_moving_a_gpu_to_another_node(tmp_path, capsys):
     path.write_text(EXAMPLE.read_text().replace('node = "gpu-07"', 'node = "inf-01"'))
     assert "1 gpus updated" in apply(path, capsys)
     assert Gpu.objects.get().node.hostname == "inf-01"
+
+
+def test_peaks_stored_by_catalogue_key_and_used_for_mfu(tmp_path, capsys):
+    """``[[peaks]]``: a catalogue model by its key or any name the catalogue reads as it
+    (stored under the key), an unknown model by its name as written; MFU divides by them."""
+    from telemetry.efficiency import fleet_peaks, peak_flops
+
+    apply(EXAMPLE, capsys)
+    assert FleetSettings.load().peaks == {"H100-SXM": 989.0, "NVIDIA B200": 2250.0}
+    text = (
+        EXAMPLE.read_text()
+        .replace('model = "H100-SXM"', 'model = "h100 pcie"')
+        .replace("tflops = 989", "tflops = 700.5")
+    )
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    assert "1 settings updated" in apply(path, capsys)
+    assert FleetSettings.load().peaks == {"H100-PCIE": 700.5, "NVIDIA B200": 2250.0}
+    peaks = fleet_peaks()
+    assert peak_flops("NVIDIA H100 PCIe", peaks) == 700.5e12
+    assert peak_flops("NVIDIA B200", peaks) == 2250e12
+    assert peak_flops("NVIDIA H100 80GB HBM3", peaks) == 989e12  # the built-in table
+    # A file without [[peaks]] leaves the built-in table alone.
+    path.write_text(text.split("[[peaks]]")[0] + "[[gpus]]" + text.split("[[gpus]]", 1)[1])
+    apply(path, capsys)
+    assert FleetSettings.load().peaks == {}

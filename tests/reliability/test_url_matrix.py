@@ -186,7 +186,10 @@ TABLE: dict[str, list[Check]] = {
     ],
     "api/v1/queue": [
         Check("POST", "/api/v1/queue", INGEST_POST, _queue_body),
-        Check("GET", "/api/v1/queue", INGEST_GET),
+        # The queue figures: any role (money only for finance and admin); a node token is
+        # no user.
+        Check("GET", "/api/v1/queue", ANY_ROLE),
+        Check("GET", "/api/v1/queue?group_by=user&format=csv", ANY_ROLE),
     ],
     "api/v1/costs": [
         Check("GET", "/api/v1/costs", COSTS),
@@ -207,6 +210,11 @@ TABLE: dict[str, list[Check]] = {
         Check("GET", "/api/v1/workloads", COSTS),
         Check("GET", "/api/v1/workloads?group_by=account&format=csv", COSTS),
     ],
+    # Any role: viewers get the rows without money (test_efficiency_api).
+    "api/v1/efficiency": [
+        Check("GET", "/api/v1/efficiency", ANY_ROLE),
+        Check("GET", "/api/v1/efficiency?group_by=team&format=csv", ANY_ROLE),
+    ],
     "": [Check("GET", "/", PAGE)],
     "fleet/": [Check("GET", "/fleet/", PAGE)],
     "fleet/heatmap/": [Check("GET", "/fleet/heatmap/", PAGE)],
@@ -225,6 +233,7 @@ TABLE: dict[str, list[Check]] = {
     ],
     # Workloads: every role; money left out for viewers (tests/billing/test_workload_pages.py).
     "workloads/": [Check("GET", "/workloads/", PAGE)],
+    "queue/": [Check("GET", "/queue/", PAGE), Check("GET", "/queue/?group_by=user", PAGE)],
     "overview/workloads/": [Check("GET", "/overview/workloads/", PAGE)],
     "workloads/<int:pk>/": [Check("GET", lambda w: f"/workloads/{w['workload'].pk}/", PAGE)],
     # Weekly report pages (billing/report_urls.py): the preview shows every team's money

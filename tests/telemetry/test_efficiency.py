@@ -115,3 +115,42 @@ def test_unknown_group_and_no_rows(db: Any, t0: dt.datetime) -> None:
     with pytest.raises(ValueError, match="group_by"):
         job_efficiency(start=t0, end=t0, group_by="gpu")
     assert job_efficiency(start=t0, end=t0 + dt.timedelta(days=1), group_by="team") == []
+
+
+def test_workloads_apart_by_id_filtered_and_their_parts(
+    make_gpu: Any, fleet: dict[str, Any], t0: dt.datetime
+) -> None:
+    """Job "1" at two sites is two workloads, two rows; ``workload_ids`` keeps one. A part's
+    energy: the workload rollup's energy × wall / its GPU seconds (2,000,000 × 900 / 3,600 =
+    500,000 J), capped at all of it (wall 3,600 s of 1,800 GPU s → 1,000,000 J)."""
+    from telemetry.models import WorkloadHourlyUsage
+
+    a, b = make_gpu(name=H100_SXM), make_gpu(name=H100_SXM)
+    here = Workload.objects.create(kind="slurm", key="1", site=fleet["site_a"], created_at=t0)
+    there = Workload.objects.create(kind="slurm", key="1", site=fleet["site_b"], created_at=t0)
+    job_hour(a, t0, here, "m", wall_s=900, tokens=10)
+    job_hour(b, t0, there, "m", wall_s=3600, tokens=20)
+    for gpu, workload, gpu_s, energy_j in ((a, here, 3600, 2e6), (b, there, 1800, 1e6)):
+        WorkloadHourlyUsage.objects.create(
+            workload=workload,
+            gpu=gpu,
+            hour=t0,
+            gpu_s=gpu_s,
+            energy_j=energy_j,
+            computed_at=t0,
+            site=fleet["site_a"],
+        )
+    end = t0 + dt.timedelta(hours=1)
+    rows = job_efficiency(start=t0, end=end, group_by="workload")
+    assert [(r.key, r.workload_id, r.tokens) for r in rows] == [
+        ("1", there.pk, 20),
+        ("1", here.pk, 10),
+    ]
+    assert [(p.gpu_id, p.site_id, p.wall_s, p.energy_j) for p in rows[0].parts] == [
+        (b.pk, fleet["site_a"].pk, 3600, 1e6)
+    ]
+    assert rows[1].parts[0].energy_j == 500_000
+    assert rows[1].parts[0].first_hour == t0 == rows[1].parts[0].last_hour
+    (only,) = job_efficiency(start=t0, end=end, group_by="workload", workload_ids=[here.pk])
+    assert only.workload_id == here.pk
+    assert job_efficiency(start=t0, end=end, group_by="workload", workload_ids=[]) == []
