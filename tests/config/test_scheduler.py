@@ -2,8 +2,9 @@
 beat's schedule itself, each entry at its own interval or crontab, driven here by a fake clock.
 
 Times are worked out by hand from config/celery.py's schedule: rollup every 60 s, alert rules
-every 300 s, the weekly report at minute 5 and the digests at minute 10 of every hour,
-partitions at minute 17 of every sixth hour, retention at 03:27.
+and booking late data into closed months every 300 s, the weekly report at minute 5 and the
+digests at minute 10 of every hour, partitions at minute 17 of every sixth hour, retention at
+03:27.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def test_the_entries_are_beats_own_schedule_with_registered_tasks() -> None:
         "alerts.tasks.alerts_evaluate_task",
         "billing.tasks.weekly_report_task",
         "alerts.tasks.digests_task",
+        "billing.tasks.adjust_closed_task",
     }
     assert all(e.task in app.tasks for e in entries.values())
 
@@ -75,6 +77,7 @@ def test_each_entry_runs_at_its_interval_or_crontab() -> None:
     # Like beat, an interval counts from the start: the first rollup a minute in.
     assert runs["rollup"] == [start + k * minute for k in range(1, 71)]  # … 13:09:30
     assert runs["alerts-evaluate"] == [start + 5 * k * minute for k in range(1, 15)]
+    assert runs["adjust-closed"] == runs["alerts-evaluate"]  # late data booked every 300 s
     assert runs["weekly-report"] == [at("2026-03-02T12:05"), at("2026-03-02T13:05")]
     assert runs["digests"] == [at("2026-03-02T12:10")]
     assert runs["partitions"] == [at("2026-03-02T12:17")]
@@ -98,11 +101,12 @@ def test_a_failing_run_is_logged_and_waits_for_its_next_turn(caplog: Any) -> Non
         beat = InProcessBeat(app=app, run=run)
         traveller.shift(300)
         tick = beat.run_due()
-        assert tick.ran == ["rollup", "alerts-evaluate"]
+        # the others of its turn still run
+        assert tick.ran == ["rollup", "alerts-evaluate", "adjust-closed"]
         traveller.shift(60)
         assert beat.run_due().ran == ["rollup"]  # not retried at the next look
         traveller.shift(240)
-        assert beat.run_due().ran == ["rollup", "alerts-evaluate"]
+        assert beat.run_due().ran == ["rollup", "alerts-evaluate", "adjust-closed"]
     failures = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(failures) == 2
     assert failures[0].getMessage() == (
@@ -167,7 +171,7 @@ def test_the_schedule_makes_an_offline_gpu_alert_fire(
         assert beat.run_due().ran == ["rollup"]  # four minutes 59 in: not yet
         assert not Alert.objects.exists()
         traveller.shift(1)
-        assert beat.run_due().ran == ["alerts-evaluate"]
+        assert beat.run_due().ran == ["alerts-evaluate", "adjust-closed"]
     firing = Alert.objects.get(resolved_at__isnull=True)
     assert (firing.rule.name, firing.subject) == ("gpu-offline", "gpu:GPU-lost")
     assert [m.to for m in mailoutbox] == [["ops@example.com"]]
