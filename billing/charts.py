@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -498,6 +498,51 @@ def throttled_trend(rows: Sequence[CostRow], *, partial_days: Sequence[PartialDa
             }
         ],
         "layout": _layout(showlegend=False, yaxis={"title": {"text": "GPU-hours"}}),
+    }
+    return _mark_partial(fig, x, partial_days)
+
+
+def queue_waited_trend(
+    rows: Sequence[CostRow],
+    days: Mapping[dt.date, tuple[float, float]],
+    *,
+    partial_days: Sequence[PartialDay] = (),
+) -> Figure:
+    """Waited vs held, per day: GPU-hours jobs waited for capacity (``days``: the queue's
+    waited and wanted-while-held GPU-hours per report day, ``billing.selectors.queue``), the
+    part of them wanted while the partitions' GPUs sat held or parked, and the fleet's held +
+    parked GPU-hours (``rows``, the overview's days) as a line."""
+    x = _days(rows)
+    per_day = [days.get(r.period_start.date(), (0.0, 0.0)) for r in rows]
+    fig = {
+        "data": [
+            {
+                "type": "bar",
+                "x": x,
+                "y": [_num(w, 2) for w, _ in per_day],
+                "name": "Waited for GPUs",
+                "marker": {"color": API},
+                "hovertemplate": "%{y:,.1f} GPU-h waited for capacity<extra></extra>",
+            },
+            {
+                "type": "bar",
+                "x": x,
+                "y": [_num(h, 2) for _, h in per_day],
+                "name": "of which while GPUs sat held or parked",
+                "marker": {"color": IDLE_MONEY},
+                "hovertemplate": "%{y:,.1f} GPU-h wanted while held<extra></extra>",
+            },
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "x": x,
+                "y": [_num(r.held_hours + r.parked_hours, 2) for r in rows],
+                "name": "Held + parked GPU-hours",
+                "line": {"color": HELD},
+                "hovertemplate": "%{y:,.1f} GPU-h held or parked<extra></extra>",
+            },
+        ],
+        "layout": _layout(barmode="overlay", yaxis={"title": {"text": "GPU-hours"}}),
     }
     return _mark_partial(fig, x, partial_days)
 

@@ -49,6 +49,7 @@ from billing.formatting import count, money, money_exact, money_shown, num, pct
 from billing.forms import FLEET_CHOICE, BreakevenForm
 from billing.models import FocusExport
 from billing.month_close import closed_months_between, month_parse
+from billing.selectors.queue import QueueOverview, queue_overview
 from billing.workloads import UNASSIGNED
 from fleet.models import Gpu, Team
 from fleet.selectors import gpus_with_attribution, team_cost_centers
@@ -151,6 +152,22 @@ def _row_money_cards(
             ident="kpi-cost-per-air-hour",
         ),
     ]
+
+
+def _queue_card(queue: QueueOverview, *, currency: str) -> dict[str, Any]:
+    """GPU hours waited for capacity, and what the part of them wanted while GPUs of the
+    partitions' pools sat held or parked cost (finance, admin) or amounts to (viewers)."""
+    wanted = f"{num(queue.wanted_gpu_hours, 1)} GPU-h of it while GPUs sat held or parked"
+    if queue.wanted_cost is not None:
+        wanted += f", {money_shown(queue.wanted_cost)} {currency} of them idle"
+    return _card(
+        "Waited for GPUs",
+        num(queue.waited_gpu_hours, 0),
+        wanted,
+        accent="idle-money" if queue.wanted_gpu_hours else "",
+        unit="GPU-h",
+        ident="kpi-queue",
+    )
 
 
 def _throttled_card(row: selectors.CostRow, *, unit: str) -> dict[str, Any]:
@@ -329,6 +346,20 @@ def overview(request: HttpRequest) -> HttpResponse:
     beside = "kpi-cost-per-air-hour" if show_money else "kpi-air-hours"
     at = next(i for i, c in enumerate(cards) if c["id"] == beside)
     cards.insert(at + 1, _work_card(row, show_money=show_money, currency=cur))
+    # Queue pressure (every cluster; the queue is not the filter's): only where a collector
+    # reported pending GPU jobs in the range.
+    queue = (
+        queue_overview(
+            start=flt.start,
+            end=flt.end_exclusive,
+            zone_name=flt.fleet_settings.report_time_zone,
+            money=show_money,
+        )
+        if has_data and flt.filters == selectors.Filters()
+        else None
+    )
+    if queue is not None:
+        cards.append(_queue_card(queue, currency=cur))
     figures: dict[str, Any] = {}
     if has_data:
         partial = partial_days(flt, data_from=data_from)
@@ -346,6 +377,10 @@ def overview(request: HttpRequest) -> HttpResponse:
         working = charts.busy_vs_working_trend(daily, partial_days=partial)
         if working is not None:
             figures["chart-busy-working"] = working
+        if queue is not None:
+            figures["chart-queue"] = charts.queue_waited_trend(
+                daily, queue.days, partial_days=partial
+            )
         if show_money:
             figures["chart-cost"] = charts.cost_trend(daily, currency=cur, partial_days=partial)
             figures["chart-cost-per-air-hour"] = charts.cost_per_air_hour_trend(

@@ -17,7 +17,9 @@ hours); here only their price, through the cost model:
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -27,9 +29,16 @@ from billing.selectors.calendar import _local_midnight, _report_zone
 # The one place a GPU's cost terms and service start are resolved for hour-by-hour pricing
 # (the workloads' money prices their GPU hours the same way).
 from billing.workloads import pricing_load
-from telemetry.queue_figures import PartitionHour, queue_figures
+from telemetry.queue_figures import PartitionHour, QueueFigures, queue_figures
 
-__all__ = ["gpu_hour_rates", "partition_hour_rate", "queue_cost_rows", "queue_window"]
+__all__ = [
+    "QueueOverview",
+    "gpu_hour_rates",
+    "partition_hour_rate",
+    "queue_cost_rows",
+    "queue_overview",
+    "queue_window",
+]
 
 
 def queue_window(
@@ -88,6 +97,11 @@ def queue_cost_rows(
     figures = queue_figures(start=start, end=end, group_by=group_by)
     if not money:
         return [g.row for g in figures.groups]
+    return _priced(figures)
+
+
+def _priced(figures: QueueFigures) -> list[dict[str, Any]]:
+    """The groups' rows with ``wanted_while_held_cost`` (:func:`queue_cost_rows`)."""
     used = {place for g in figures.groups for place, gpu_h in g.wanted.items() if gpu_h > 0}
     rates = gpu_hour_rates(
         gpu_hours=(
@@ -111,3 +125,40 @@ def queue_cost_rows(
         )
         rows.append({**group.row, "wanted_while_held_cost": cost})
     return rows
+
+
+@dataclass(frozen=True)
+class QueueOverview:
+    """The overview's queue figures over its days, every cluster: GPU hours waited for
+    capacity, the part of them wanted while the partitions' GPUs sat held or parked, its cost
+    (None: not asked), and both per day of the report time zone (days without capacity waits
+    are absent)."""
+
+    waited_gpu_hours: float
+    wanted_gpu_hours: float
+    wanted_cost: Decimal | None
+    days: dict[dt.date, tuple[float, float]]
+
+
+def queue_overview(
+    *, start: dt.date, end: dt.date, zone_name: str, money: bool
+) -> QueueOverview | None:
+    """:class:`QueueOverview` for the report days ``[start, end)``; None when no queue
+    collector reported a pending GPU job in them (the overview then shows nothing of it)."""
+    lo, hi = queue_window(start=start, end=end, zone_name=zone_name)
+    figures = queue_figures(start=lo, end=hi, group_by="cluster")
+    if not figures.groups:
+        return None
+    zone = _report_zone(zone_name, start, end)
+    days: dict[dt.date, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for place in figures.partition_hours.values():
+        day = days[place.hour.astimezone(zone).date()]
+        day[0] += place.waited_gpu_hours
+        day[1] += place.wanted_gpu_hours
+    rows = _priced(figures) if money else [g.row for g in figures.groups]
+    return QueueOverview(
+        waited_gpu_hours=sum(r["waited_gpu_hours_capacity"] for r in rows),
+        wanted_gpu_hours=sum(r["wanted_while_held_gpu_hours"] for r in rows),
+        wanted_cost=sum((r["wanted_while_held_cost"] for r in rows), Decimal(0)) if money else None,
+        days={d: (w, h) for d, (w, h) in sorted(days.items())},
+    )

@@ -275,3 +275,41 @@ def test_a_user_without_a_role_is_refused(db: Any, make_user: Any, client: Any) 
     client.force_login(make_user(None))
     assert client.get("/api/v1/queue").status_code == 403
     assert client.get("/queue/").status_code == 403
+
+
+# --- the overview ------------------------------------------------------------------------------
+def _card(html: str, ident: str) -> str:
+    start = html.index(f'id="{ident}"')
+    return html[start : html.index("</article>", start)]
+
+
+def test_the_overview_says_what_waiting_while_gpus_sat_held_cost(
+    example: None, role_client: Any
+) -> None:
+    """The worked example on the overview: 8 GPU-h waited for capacity, 6.0 of them while the
+    pool's GPUs sat held, 4.71 of those GPUs' money; the day's chart has the same 8 and 6 and
+    the fleet's 6 held GPU-hours (3 GPUs × 2 h) as its line."""
+    from tests.billing.test_first_minutes import _figures
+
+    html = role_client("finance").get("/", PAGE).content.decode()
+    card = _card(html, "kpi-queue")
+    assert "Waited for GPUs" in card and '<p class="value">8 <span class="unit">GPU-h' in card
+    assert "6.0 GPU-h of it while GPUs sat held or parked, 4.71 " in card
+    chart = _figures(html)["chart-queue"]["data"]
+    assert [t["x"] for t in chart] == [["2026-11-30"]] * 3
+    assert [t["y"] for t in chart] == [[8.0], [6.0], [6.0]]
+    # A viewer sees the hours, not the money.
+    viewer = _card(role_client("viewer").get("/", PAGE).content.decode(), "kpi-queue")
+    assert "6.0 GPU-h of it while GPUs sat held or parked" in viewer and "4.71" not in viewer
+    # The queue is every cluster's: with a pool chosen the overview does not show it.
+    pool = role_client("finance").get("/", {**PAGE, "pool": "training"}).content.decode()
+    assert 'id="kpi-queue"' not in pool and "chart-queue" not in pool
+
+
+def test_the_overview_shows_no_queue_without_a_collector(
+    fleet: FleetBuilder, role_client: Any
+) -> None:
+    held_pool(fleet, "training", gpus=3, hours=2)
+    html = role_client("finance").get("/", PAGE).content.decode()
+    assert 'id="kpi-queue"' not in html and "chart-queue" not in html
+    assert 'id="kpi-utilization"' in html  # the overview itself is there
