@@ -37,6 +37,7 @@ from billing import breakeven as be
 from billing import report_chart, selectors
 from billing.formatting import MISSING, money, pct
 from billing.models import WeeklyReport
+from billing.selectors.queue import QueueOverview, queue_overview
 from config.replica import replica_reads
 from fleet.bounds import date_error
 from fleet.emails import recipient_error
@@ -248,6 +249,21 @@ def work_line(row: selectors.CostRow) -> str:
     )
 
 
+def queue_line(queue: QueueOverview | None, currency: str) -> str:
+    """The week's queue pressure in one line (docs/metrics.md, "Queue pressure"); empty where
+    no queue collector reported a pending GPU job in the week."""
+    if queue is None:
+        return ""
+    line = f"Queue: jobs waited {queue.waited_gpu_hours:,.1f} GPU-hours for capacity"
+    if not queue.wanted_gpu_hours:
+        return line + ", none of them while GPUs of their partitions sat held or parked."
+    cost = "" if queue.wanted_cost is None else f" (cost {money(queue.wanted_cost, currency)})"
+    return (
+        f"{line}, {queue.wanted_gpu_hours:,.1f} of them while as many GPUs of their "
+        f"partitions sat held or parked{cost}."
+    )
+
+
 def _hours(value: float | None) -> str:
     return MISSING if value is None else f"{value:.1f} h"
 
@@ -333,6 +349,7 @@ class WeeklyReportData:
     trend: list[selectors.CostRow]  # daily fleet rows for the trend chart
     breakeven_assumptions: str = ""
     work: str = ""  # work_line of the week
+    queue: str = ""  # queue_line of the week ("" without a queue collector)
     dashboard_url: str = ""
     subscription_url: str = ""
     subject: str = ""
@@ -489,6 +506,15 @@ def weekly_report_build(*, week_start: dt.date, now: dt.datetime | None = None) 
         trend=trend,
         breakeven_assumptions=assumptions,
         work=work_line(row),
+        queue=queue_line(
+            queue_overview(
+                start=week_start,
+                end=end,
+                zone_name=FleetSettings.load().report_time_zone,
+                money=True,
+            ),
+            cur,
+        ),
         dashboard_url=settings.SITE_URL + reverse("overview"),
         subscription_url=settings.SITE_URL + reverse("weekly-report-subscription"),
     )

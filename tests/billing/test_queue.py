@@ -19,6 +19,7 @@ from fleet.services import ApplyResult
 from telemetry.queue import queue_partitions_apply, queue_snapshot_apply
 from telemetry.queue_wire import PendingJob, Snapshot
 from tests.billing.conftest import FleetBuilder
+from tests.billing.test_report import no_chart  # noqa: F401
 
 T0 = dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -313,3 +314,34 @@ def test_the_overview_shows_no_queue_without_a_collector(
     html = role_client("finance").get("/", PAGE).content.decode()
     assert 'id="kpi-queue"' not in html and "chart-queue" not in html
     assert 'id="kpi-utilization"' in html  # the overview itself is there
+
+
+# --- the weekly email --------------------------------------------------------------------------
+def test_the_weekly_email_has_a_queue_line(
+    example: None,
+    no_chart: None,  # noqa: F811
+) -> None:
+    from billing.report import weekly_report_build, weekly_report_render
+
+    week = dt.date(2026, 11, 30)  # the Monday of the worked example
+    data = weekly_report_build(week_start=week, now=T0 + dt.timedelta(days=8))
+    assert data.queue == (
+        "Queue: jobs waited 8.0 GPU-hours for capacity, 6.0 of them while as many GPUs of "
+        "their partitions sat held or parked (cost 4.71 USD)."
+    )
+    rendered = weekly_report_render(data, with_chart=False)
+    assert f"- {data.queue}\n" in rendered.text
+    assert 'id="queue-line"' in rendered.html and "(cost 4.71 USD)" in rendered.html
+
+
+def test_the_weekly_email_has_no_queue_line_without_a_collector(
+    fleet: FleetBuilder,
+    no_chart: None,  # noqa: F811
+) -> None:
+    from billing.report import weekly_report_build, weekly_report_render
+
+    held_pool(fleet, "training", gpus=1, hours=1)
+    data = weekly_report_build(week_start=dt.date(2026, 11, 30), now=T0 + dt.timedelta(days=8))
+    assert data.queue == ""
+    rendered = weekly_report_render(data, with_chart=False)
+    assert "Queue:" not in rendered.text and "queue-line" not in rendered.html
