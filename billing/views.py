@@ -159,7 +159,7 @@ def _queue_card(queue: QueueOverview, *, currency: str) -> dict[str, Any]:
     partitions' pools sat held or parked cost (finance, admin) or amounts to (viewers)."""
     wanted = f"{num(queue.wanted_gpu_hours, 1)} GPU-h of it while GPUs sat held or parked"
     if queue.wanted_cost is not None:
-        wanted += f", {money_shown(queue.wanted_cost)} {currency} of them idle"
+        wanted += f": {money_shown(queue.wanted_cost)} {currency} of idle GPUs"
     return _card(
         "Waited for GPUs",
         num(queue.waited_gpu_hours, 0),

@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.dateparse import parse_datetime
 
-from telemetry.models import RollupPending, Workload, WorkloadClaim
+from telemetry.models import PendingStretch, QueueCluster, RollupPending, Workload, WorkloadClaim
 from telemetry.rollup import rollup_marks_requeue
 
 
@@ -117,4 +117,55 @@ class WorkloadAdmin(admin.ModelAdmin[Workload]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Rollups and money refer to workloads: they are never deleted by hand.
+        return False
+
+
+@admin.register(QueueCluster)
+class QueueClusterAdmin(admin.ModelAdmin[QueueCluster]):
+    """The clusters queue collectors push (docs/agent.md, "Queue pressure"). Only ``node``
+    can be changed: when a collector moves to another login node, an operator hands the
+    cluster to it (or clears it: the next node to push takes it); the queue service keeps the
+    rest."""
+
+    list_display = ["name", "node", "last_at", "created_at"]
+    search_fields = ["name"]
+    readonly_fields = ("name", "last_at", "created_at")
+    fields = ("name", "node", "last_at", "created_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Its waits are the queue's history: never deleted by hand.
+        return False
+
+
+@admin.register(PendingStretch)
+class PendingStretchAdmin(admin.ModelAdmin[PendingStretch]):
+    """Read-only: each job's stretch of waiting as the queue service stored it, to answer
+    "why does this job count" (its reason and class, first and last seen, when it ended)."""
+
+    list_display = [
+        "job_id",
+        "cluster",
+        "partition",
+        "user_name",
+        "account",
+        "gpus",
+        "reason",
+        "reason_class",
+        "first_seen_at",
+        "ended_at",
+    ]
+    list_filter = ["cluster", "reason_class", "partition"]
+    search_fields = ["job_id", "user_name", "account"]
+    list_select_related = ["cluster"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -183,3 +183,41 @@ def test_demo_sets_site_url_to_the_url_it_serves_on(
         command.stop.set()
         serving.join(timeout=30)
     assert not serving.is_alive()
+
+
+@pytest.mark.django_db
+def test_the_demo_queue_waits_as_its_docstring_says() -> None:
+    """One day of billing/demo/queue.py through the queue service: alice 8 GPUs × 10 h and
+    bob 4 × 4 h wait for capacity (96 GPU-h), carol 2 × 10 h for her QOS (20), dave 1 × 6 h
+    for a dependency (6); a snapshot every 120 s from 08:00, the day closed at 18:00."""
+    from billing.demo.queue import CLUSTER, queue_snapshots, snapshots_per_day
+    from fleet.models import Node
+    from telemetry.queue import queue_snapshot_apply
+    from telemetry.queue_figures import queue_rows
+
+    day = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
+    snapshots = list(queue_snapshots(day, day + dt.timedelta(days=1)))
+    assert len(snapshots) == snapshots_per_day() == 301
+    assert (snapshots[0].at.hour, snapshots[-1].at.hour, snapshots[-1].jobs) == (8, 18, [])
+    node = Node.objects.create(hostname="login-1")
+    for snapshot in snapshots:
+        queue_snapshot_apply(node_id=node.pk, snapshot=snapshot, now=snapshot.at)
+    (row,) = queue_rows(start=day, end=day + dt.timedelta(days=1), group_by="cluster")
+    assert row["key"] == CLUSTER
+    assert row["waited_gpu_hours_capacity"] == pytest.approx(96.0)
+    assert row["waited_gpu_hours_policy"] == pytest.approx(20.0)
+    assert row["waited_gpu_hours_user"] == pytest.approx(6.0)
+    assert row["jobs"] == 4
+    users = queue_rows(start=day, end=day + dt.timedelta(days=1), group_by="user")
+    assert [(r["key"], round(r["waited_gpu_hours"], 6)) for r in users] == [
+        ("alice", 80.0),
+        ("carol", 20.0),
+        ("bob", 16.0),
+        ("dave", 6.0),
+    ]
+    # A second day has new job ids: another four jobs, not the same ones waiting longer.
+    second = day + dt.timedelta(days=1)
+    for snapshot in queue_snapshots(second, second + dt.timedelta(days=1)):
+        queue_snapshot_apply(node_id=node.pk, snapshot=snapshot, now=snapshot.at)
+    (both,) = queue_rows(start=day, end=day + dt.timedelta(days=2), group_by="cluster")
+    assert both["jobs"] == 8 and both["waited_gpu_hours_capacity"] == pytest.approx(192.0)

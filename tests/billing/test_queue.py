@@ -295,7 +295,7 @@ def test_the_overview_says_what_waiting_while_gpus_sat_held_cost(
     html = role_client("finance").get("/", PAGE).content.decode()
     card = _card(html, "kpi-queue")
     assert "Waited for GPUs" in card and '<p class="value">8 <span class="unit">GPU-h' in card
-    assert "6.0 GPU-h of it while GPUs sat held or parked, 4.71 " in card
+    assert "6.0 GPU-h of it while GPUs sat held or parked: 4.71 USD of idle GPUs" in card
     chart = _figures(html)["chart-queue"]["data"]
     assert [t["x"] for t in chart] == [["2026-11-30"]] * 3
     assert [t["y"] for t in chart] == [[8.0], [6.0], [6.0]]

@@ -478,3 +478,28 @@ def test_no_held_gpus_or_no_pools_want_nothing(push: Any) -> None:
         "h100": 0.0,
         "a100": 0.0,
     }
+
+
+def test_the_admin_hands_a_cluster_to_another_node_and_lists_stretches(
+    push: Any, make_user: Any, client: Any
+) -> None:
+    """QueueCluster: only its node can be changed (a collector moved to another login node);
+    PendingStretch: read-only; neither can be added or deleted by hand."""
+    push(0, [j("77", gpus=2)])
+    cluster = QueueCluster.objects.get()
+    other = Node.objects.create(hostname="login-2")
+    client.force_login(make_user("admin"))
+    url = f"/admin/telemetry/queuecluster/{cluster.pk}/change/"
+    assert client.get(url).status_code == 200
+    r = client.post(url, {"node": other.pk, "name": "typed"})
+    assert r.status_code == 302, r.content
+    cluster.refresh_from_db()
+    assert (cluster.node_id, cluster.name) == (other.pk, "hpc")
+    assert client.post(f"/admin/telemetry/queuecluster/{cluster.pk}/delete/").status_code == 403
+    assert client.get("/admin/telemetry/queuecluster/add/").status_code == 403
+    listing = client.get("/admin/telemetry/pendingstretch/?reason_class=capacity")
+    assert listing.status_code == 200 and b">77<" in listing.content
+    stretch = PendingStretch.objects.get()
+    change = f"/admin/telemetry/pendingstretch/{stretch.pk}/change/"
+    assert client.get(change).status_code == 200  # a view, not a form
+    assert client.post(change, {}).status_code == 403

@@ -45,6 +45,8 @@ DEMO_USERS = (("demo", "admin"), ("finance", "finance"), ("viewer", "viewer"))
 # prints it when EMAIL_HOST is unset).
 DEMO_EMAIL_DOMAIN = "example.com"
 BASE_GPUS_PER_NODE = 8
+# The Slurm queue's history (billing/demo/queue.py): the last two weeks of the history.
+QUEUE_DAYS = dt.timedelta(days=14)
 
 log = logging.getLogger("gpufleet.demo")
 
@@ -157,6 +159,9 @@ class Command(BaseCommand):
             self._say("history already generated; catching up is left to the live agents")
         else:
             self._history(fleet, resume, history_end, opts["history_interval"], gpu_count)
+        self._queue(
+            max(history_start, history_end - QUEUE_DAYS), history_end, collector=fleet.nodes[0]
+        )
         self._rollup()
         elapsed = time.monotonic() - started
         if opts["no_serve"]:
@@ -299,6 +304,42 @@ class Command(BaseCommand):
         )
         for line in offline:
             self._say(f"  {line}")
+
+    def _queue(self, start: dt.datetime, end: dt.datetime, *, collector: str) -> None:
+        """The Slurm queue's history (billing/demo/queue.py) through the queue service, as if
+        ``collector`` ran ``gpufleet-agent --queue slurm``; resumed after the last snapshot."""
+        from tqdm import tqdm
+
+        from billing.demo.queue import CLUSTER, queue_snapshots, snapshots_per_day
+        from fleet.models import Node
+        from telemetry.models import QueueCluster
+        from telemetry.queue import queue_snapshot_apply
+
+        last = QueueCluster.objects.filter(name=CLUSTER).values_list("last_at", flat=True).first()
+        if last is not None:
+            start = max(start, last + dt.timedelta(seconds=1))
+        days = (end - start).total_seconds() / 86400
+        if days <= 0:
+            return
+        node_id = Node.objects.get(hostname=collector).pk
+        self._say(
+            f"generating {days:.1f} days of Slurm queue on cluster {CLUSTER} (pushed by "
+            f"{collector}) through the queue service…"
+        )
+        with (
+            tqdm(
+                total=round(days * snapshots_per_day()),
+                unit="snapshot",
+                desc="queue",
+                file=sys.stderr,
+                mininterval=0.5,
+            ) as bar,
+            _logs_above(sys.stderr),
+        ):
+            for snapshot in queue_snapshots(start, end):
+                queue_snapshot_apply(node_id=node_id, snapshot=snapshot, now=snapshot.at)
+                bar.update(1)
+            bar.update(max(0, bar.total - bar.n))
 
     def _rollup(self) -> None:
         from tqdm import tqdm
