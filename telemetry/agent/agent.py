@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
-from .client import Delivery, Response, ingest_url, post_json
+from .client import Delivery, Response, deliver_until, ingest_url, post_json
 from .clock import Clock, RealClock
 from .hook_socket import HookListener, discovery_resolve
 from .nvml import Collector, NvmlApi
@@ -241,29 +241,16 @@ class Agent:
                     )
 
     def _send_loop(self, stop: threading.Event) -> None:
-        """Deliver until ``stop``, then make one last try, so that a clean stop leaves nothing
-        behind when the server is up, within the stop budget (no POST outlives it)."""
         assert self.delivery is not None
-        d, clock = self.delivery, self.clock
-        while not stop.is_set():
-            try:
-                out = d.step(clock.time())
-            except Exception:  # never let one bad answer kill delivery
-                log.exception("delivery failed unexpectedly; retrying in 10 s")
-                d.next_attempt = clock.time() + 10.0
-                out = "retry"
-            if out in ("sent", "split", "quarantined"):
-                continue
-            wait = d.next_attempt - clock.time() if out in ("wait", "retry") else 60.0
-            # the clock's seconds may be simulated; the wait itself is real time
-            speed = float(getattr(clock, "speed", 1.0))
-            self._wake.wait(timeout=max(0.01, min(wait, 60.0)) / speed)
-            self._wake.clear()
-        d.next_attempt = 0.0
-        try:
-            d.drain(clock.time, within_s=self._stop_until - time.monotonic())
-        except Exception:
-            log.exception("the last push before stopping failed")
+        deliver_until(
+            self.delivery,
+            self.clock,
+            stop=stop,
+            wake=self._wake,
+            again=("sent", "split", "quarantined"),
+            stop_until=lambda: self._stop_until,
+            what="delivery",
+        )
 
     def close(self) -> None:
         if self.hook is not None:

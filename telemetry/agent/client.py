@@ -31,12 +31,13 @@ import http.client
 import json
 import logging
 import random
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from . import __version__
 from .spool import Batch, Spool
@@ -401,3 +402,51 @@ class Delivery:
             out = self.step(now(), timeout_s=left)
             if out in ("idle", "wait", "retry"):
                 return out
+
+
+class Deliverer(Protocol):
+    """What :func:`deliver_until` drives: :class:`Delivery` (samples) and the queue
+    collector's ``QueueDelivery`` (snapshots)."""
+
+    next_attempt: float
+
+    def step(self, now: float) -> str: ...
+
+    def drain(self, clock: Callable[[], float], *, within_s: float) -> Any: ...
+
+
+def deliver_until(
+    delivery: Deliverer,
+    clock: Any,
+    *,
+    stop: threading.Event,
+    wake: threading.Event,
+    again: Collection[str],
+    stop_until: Callable[[], float],
+    what: str,
+) -> None:
+    """A sender thread's loop: deliver until ``stop``, then make one last try, so that a clean
+    stop leaves nothing behind when the server is up, within the stop budget (``stop_until()``,
+    a ``time.monotonic()`` deadline read at the end: no POST outlives it). A step whose
+    outcome is in ``again`` is followed at once; otherwise the loop waits for ``wake`` or the
+    next attempt (at most 60 s). ``what`` names the push in the log ("delivery", "queue
+    delivery")."""
+    while not stop.is_set():
+        try:
+            out = delivery.step(clock.time())
+        except Exception:  # never let one bad answer kill delivery
+            log.exception("%s failed unexpectedly; retrying in 10 s", what)
+            delivery.next_attempt = clock.time() + 10.0
+            out = "retry"
+        if out in again:
+            continue
+        wait = delivery.next_attempt - clock.time() if out in ("wait", "retry") else 60.0
+        # the clock's seconds may be simulated; the wait itself is real time
+        speed = float(getattr(clock, "speed", 1.0))
+        wake.wait(timeout=max(0.01, min(wait, 60.0)) / speed)
+        wake.clear()
+    delivery.next_attempt = 0.0
+    try:
+        delivery.drain(clock.time, within_s=stop_until() - time.monotonic())
+    except Exception:
+        log.exception("the last push of the %s before stopping failed", what)

@@ -27,7 +27,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .client import INGEST_PATH, Response, backoff_s, failure_reason, post_json
+from .client import (
+    INGEST_PATH,
+    Response,
+    backoff_s,
+    deliver_until,
+    failure_reason,
+    post_json,
+)
 from .clock import Clock, RealClock
 from .queue_slurm import QueueError
 from .spool import Spool
@@ -267,24 +274,15 @@ class QueueAgent:
 
     def _send_loop(self, stop: threading.Event) -> None:
         assert self.delivery is not None
-        d, clock = self.delivery, self.clock
-        while not stop.is_set():
-            try:
-                out = d.step(clock.time())
-            except Exception:  # never let one bad answer kill delivery
-                log.exception("queue delivery failed unexpectedly; retrying in 10 s")
-                d.next_attempt = clock.time() + 10.0
-                out = "retry"
-            if out in ("sent", "refused"):
-                continue
-            wait = d.next_attempt - clock.time() if out in ("wait", "retry") else 60.0
-            self._wake.wait(timeout=max(0.01, min(wait, 60.0)))
-            self._wake.clear()
-        d.next_attempt = 0.0
-        try:
-            d.drain(clock.time, within_s=self._stop_until - time.monotonic())
-        except Exception:
-            log.exception("the last queue push before stopping failed")
+        deliver_until(
+            self.delivery,
+            self.clock,
+            stop=stop,
+            wake=self._wake,
+            again=("sent", "refused"),
+            stop_until=lambda: self._stop_until,
+            what="queue delivery",
+        )
 
     def close(self) -> None:
         if self.spool is not None:
