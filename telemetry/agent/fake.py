@@ -142,6 +142,19 @@ def model(key: str) -> GpuModel:
 
 
 PATTERNS = ("training", "inference", "batch", "notebook", "parked", "starved", "hog", "mixed")
+# What the training loops of ``jobs=1`` groups report (FakeGpu.job): the model's name, MFU,
+# data-starved share and tokens per second per GPU. The starved run's GPU is busy 26–34 % of
+# the time (its utilisation); its loop says why: it waits on its data loader 55 % of the time.
+JOB_PATTERNS: dict[str, tuple[str, float, float, float]] = {
+    "training": ("llama-3-8b", 0.52, 0.06, 3100.0),
+    "starved": ("vit-h-14", 0.18, 0.55, 900.0),
+}
+# Dense bf16 peaks per second of the fake's models (telemetry.efficiency has the server's table)
+JOB_PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
+JOB_CKPT_EVERY_MIN, JOB_CKPT_MIN = 120, 2  # the runs' checkpoint stall (PatternGpu._runs)
+JOB_CKPT_BYTES = 32e9  # one GPU's share of a checkpoint
+JOB_TOKENS_PER_STEP = 16384.0
+JOB_TOKENS_PER_SAMPLE = 2048.0
 _MIXED_CHOICES = ("training", "training", "inference", "notebook", "batch", "parked", "inference")
 DRIVER_VERSION = "550.54.15"
 
@@ -398,6 +411,7 @@ class PatternGpu(FakeGpu):
         *,
         power_throttle: bool = False,
         workloads: bool = False,
+        jobs: bool = False,
         ordinal: int = 0,
         node_key: int = 0,
         node_ordinal: int = 0,
@@ -414,6 +428,7 @@ class PatternGpu(FakeGpu):
         self.key = key
         self.power_throttle = power_throttle
         self.workloads = workloads
+        self.jobs = jobs and workloads and pattern in JOB_PATTERNS
         self.ordinal = ordinal
         self.node_key = node_key
         self.node_ordinal = node_ordinal
@@ -645,6 +660,49 @@ class PatternGpu(FakeGpu):
             return ()
         procs, allocs = held
         return procs + tuple(w for w in allocs if w not in procs)
+
+    def job(self, w0: int, w1: int) -> dict[str, Any] | None:
+        """The job sums the agent would add to this GPU's sample for ``[w0, w1)`` where its
+        run's training loop reports through gpufleet_hook (``jobs=1``; training and starved
+        GPUs only): per minute of a run, the loop's wall time, of it the checkpoint every two
+        hours (its stall minutes) and, in the other minutes, the data wait and compute that
+        make the run's shares over a two-hour cycle those of :data:`JOB_PATTERNS`, and the
+        flops of its MFU at the GPU's dense bf16 peak. ``None`` outside runs."""
+        if not self.jobs:
+            return None
+        name, mfu, starved, tokens_s = JOB_PATTERNS[self.pattern]
+        peak = JOB_PEAKS.get(self.model.key)
+        # 118 of every 120 minutes compute or wait; 2 checkpoint: the cycle's shares
+        scale = JOB_CKPT_EVERY_MIN / (JOB_CKPT_EVERY_MIN - JOB_CKPT_MIN)
+        wall = ckpt = wait = flops = tokens = 0.0
+        for m in range(w0 // 60, (w1 + 59) // 60):
+            n = min(w1, m * 60 + 60) - max(w0, m * 60)
+            if n <= 0 or not self._busy_slot(m // 360):
+                continue
+            wall += n
+            if m % JOB_CKPT_EVERY_MIN >= JOB_CKPT_EVERY_MIN - JOB_CKPT_MIN:
+                ckpt += n
+                continue
+            wait += min(n, starved * n * scale)
+            tokens += tokens_s * n * scale
+            if peak is not None:
+                flops += mfu * peak * n * scale
+        if not wall:
+            return None
+        out: dict[str, Any] = {
+            "model": name,
+            "wall_s": wall,
+            "steps": round(tokens / JOB_TOKENS_PER_STEP, 3),
+            "samples": round(tokens / JOB_TOKENS_PER_SAMPLE, 3),
+            "tokens": round(tokens, 3),
+            "data_wait_s": round(wait, 3),
+            "compute_s": round(wall - ckpt - wait, 3),
+            "ckpt_s": ckpt,
+            "ckpt_bytes": JOB_CKPT_BYTES * ckpt / (60 * JOB_CKPT_MIN),
+        }
+        if peak is not None:
+            out["flops"] = flops
+        return out
 
     def window(self, w0: int, w1: int) -> dict[str, Any] | None:
         """The sample the agent would send for ``[w0, w1)``, in closed form."""
@@ -1370,6 +1428,9 @@ class GroupSpec:
     old_driver: bool = False
     gpm: bool = False  # the group's GPUs have GPM, where their model does (Hopper)
     workloads: bool = False  # the group's GPUs say who holds them (docs/agent.md)
+    # The group's training jobs report through gpufleet_hook (job sums, DESIGN.md §9.4); in
+    # simulate() only, which writes what the agent would add (a fake NVML has no hook).
+    jobs: bool = False
 
 
 def _bool_nodes(v: Any) -> list[int]:
@@ -1419,6 +1480,8 @@ def _group(d: dict[str, Any]) -> GroupSpec:
             g.gpm = bool(_bool_nodes(v))
         elif k == "workloads":
             g.workloads = bool(_bool_nodes(v))
+        elif k == "jobs":
+            g.jobs = bool(_bool_nodes(v))
         elif k in _FAULT_KEYS:
             faults[k] = v  # fault flags may sit in the group itself or under "faults"
         elif k != "faults":
@@ -1561,6 +1624,7 @@ class FakeFleet:
                             old_driver=grp.old_driver,
                             gpm=grp.gpm and gm.gpm,
                             workloads=grp.workloads,
+                            jobs=grp.jobs,
                             ordinal=ordinal,
                             node_key=_mix(seed, node_ordinal, 0x99),
                             node_ordinal=node_ordinal,
@@ -1631,6 +1695,10 @@ def simulate(
                 for g in gpus:
                     s = g.window(w0, w1)
                     if s is not None:
+                        if isinstance(g, PatternGpu) and g.jobs:
+                            job = g.job(w0, w1)
+                            if job is not None:
+                                s["job"] = job
                         append(s)
                 w0 = w1
             if not samples:
