@@ -6,7 +6,10 @@ socket (``--hook-socket``, default ``/run/gpufleet/hook.sock``, mode 0666: any l
 job may report). Jobs hold no token: the socket has ``SO_PASSCRED`` set, so the kernel attaches
 the sender's credentials to each datagram, and the pid comes from those, never from the body.
 
-Each tick the agent drains the socket without blocking (:meth:`HookListener.drain`), resolves
+A reader thread moves each datagram off the socket as it comes (Linux queues only
+``net.unix.max_dgram_qlen`` datagrams, 10 by default, on a socket: at one read a second, jobs
+beyond ten reports a second would be dropped); each tick takes what came
+(:meth:`HookListener.drain`), resolves
 each sender's pid to its workload with the workload resolver the GPU processes use
 (``workloads.Discovery``: its process resolver, then its canonical form of the workload), and
 adds the report to that workload's sums for the interval the report arrived in. When the
@@ -37,9 +40,12 @@ import json
 import logging
 import math
 import os
+import select
 import socket
 import stat
 import struct
+import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,8 +59,10 @@ log = logging.getLogger("gpufleet.agent")
 DEFAULT_HOOK_SOCKET = "/run/gpufleet/hook.sock"
 # The hook sends at most 4 KB; one byte more is read to tell an oversized datagram.
 MAX_DATAGRAM = 4096
-# A tick reads at most this many datagrams; the rest wait in the socket's buffer (the kernel
-# bounds it and makes the senders drop, never wait).
+# A tick takes at most this many datagrams; the rest wait in the socket's buffer (the kernel
+# bounds it and makes the senders drop, never wait). Linux queues only
+# net.unix.max_dgram_qlen datagrams on a socket (10 by default), so a reader thread moves them
+# into the agent's own inbox as they come, which holds at most MAX_PER_TICK (4 MB).
 MAX_PER_TICK = 1024
 # 64 jobs reporting every 10 s send 6.4 reports a second; this leaves room for bursts.
 MAX_REPORTS_PER_S = 100
@@ -159,6 +167,10 @@ class HookListener:
         self.sock: socket.socket | None = None
         # (interval start, kind, id, model) → sums
         self.sums: dict[tuple[int, str, str, str], JobSums] = {}
+        # datagrams read off the socket, not taken yet (the reader thread's and the ticks')
+        self._inbox: deque[tuple[bytes, list[tuple[int, int, bytes]], int]] = deque()
+        self._lock = threading.Lock()
+        self._reader: threading.Thread | None = None
         self.reports: dict[int, int] = {}  # interval start → reports taken
         self.pending: list[tuple[int, int, Report, int]] = []  # pid, start, report, tries
         self.counts: dict[str, int] = {
@@ -203,14 +215,22 @@ class HookListener:
             log.warning("job hook socket %s: %s; job efficiency reports are off", path, e)
             return False
         self.sock = s
+        self._reader = threading.Thread(
+            target=self._read_loop, args=(s,), name="hook-socket", daemon=True
+        )
+        self._reader.start()
         log.info("job hook socket %s: listening", path)
         return True
 
     def close(self) -> None:
         if self.sock is None:
             return
-        self.sock.close()
-        self.sock = None
+        sock, self.sock = self.sock, None
+        with self._lock:
+            sock.close()
+        if self._reader is not None:
+            self._reader.join(timeout=2.0)
+            self._reader = None
         try:
             if stat.S_ISSOCK(os.lstat(self.path).st_mode):
                 os.unlink(self.path)
@@ -227,9 +247,36 @@ class HookListener:
                 what,
             )
 
+    def _read(self, s: socket.socket) -> None:
+        """Move the datagrams waiting on ``s`` into the inbox, while it has room (the caller
+        holds the lock)."""
+        while len(self._inbox) < MAX_PER_TICK and s.fileno() >= 0:
+            try:
+                data, anc, flags, _addr = s.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._say("recv", "job hook socket: %s (said once)", e)
+                return
+            self._inbox.append((data, anc, flags))
+
+    def _read_loop(self, s: socket.socket) -> None:
+        """The reader thread: reads as datagrams come, so that the kernel's short queue
+        (net.unix.max_dgram_qlen) never fills between two ticks; ends with the socket."""
+        while self.sock is s:
+            try:
+                ready, _, _ = select.select([s], [], [], 0.5)
+            except (OSError, ValueError):  # closed under it
+                return
+            if ready:
+                with self._lock:
+                    if self.sock is not s:
+                        return
+                    self._read(s)
+
     def drain(self, second: int) -> None:
-        """Take the datagrams waiting now (at most :data:`MAX_PER_TICK`) as reports of the
-        second ``second``, and retry those whose sender was not resolved yet."""
+        """Take the datagrams that came until now (at most :data:`MAX_PER_TICK`) as reports
+        of the second ``second``, and retry those whose sender was not resolved yet."""
         start = second - second % self.interval_s
         if self.tick is not None:
             self.tick()
@@ -239,14 +286,11 @@ class HookListener:
         s = self.sock
         if s is None:
             return
-        for _ in range(MAX_PER_TICK):
-            try:
-                data, anc, flags, _addr = s.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as e:
-                self._say("recv", "job hook socket: %s (said once)", e)
-                break
+        with self._lock:
+            self._read(s)
+            taken = list(self._inbox)
+            self._inbox.clear()
+        for data, anc, flags in taken:
             self._count("received")
             if flags & socket.MSG_TRUNC or len(data) > MAX_DATAGRAM:
                 self._count("oversized")

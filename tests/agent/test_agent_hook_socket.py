@@ -286,3 +286,33 @@ def test_the_socket_is_removed_at_close_and_a_stale_one_replaced(tmp_path: Path)
     assert stat.S_ISSOCK(os.lstat(node.sock).st_mode)
     listener.close()
     assert not os.path.exists(node.sock)
+
+
+def test_more_reports_than_the_kernel_queues_between_two_ticks_all_arrive(tmp_path: Path) -> None:
+    """Linux queues net.unix.max_dgram_qlen datagrams on a socket (10 by default): the reader
+    thread keeps taking them as they come, so 200 reports sent between two ticks, a job's
+    burst, all arrive; without it the 11th and later would be refused to the sender."""
+    import time
+
+    sock = str(tmp_path / "hook.sock")
+    listener = hs.HookListener(sock, resolve=lambda pid: None, interval_s=10)
+    assert listener.open()
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sender.setblocking(False)  # as the hook's: a full socket refuses, never waits
+    refused = 0
+    try:
+        for _ in range(200):
+            for _attempt in range(200):  # the reader needs a moment now and then
+                try:
+                    sender.sendto(report(), sock)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.001)
+            else:
+                refused += 1
+        listener.drain(T0)
+        assert refused == 0
+        assert listener.counts["received"] == 200
+    finally:
+        sender.close()
+        listener.close()
