@@ -4,12 +4,19 @@ Debian's slurm-wlm), started on loopback by conftest.py."""
 from __future__ import annotations
 
 import calendar
+import datetime as dt
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from fleet.services import node_token_issue
+from telemetry.models import PendingStretch
+from telemetry.queue_figures import queue_rows
 
 from .conftest import REPO, Slurm
 
@@ -57,7 +64,8 @@ def test_prolog_writes_the_allocation_while_the_job_runs_and_epilog_removes_it(
     assert list(slurm.alloc_dir.iterdir()) == []
 
 
-def test_queue_snapshot_of_a_real_squeue(slurm: Slurm) -> None:
+@pytest.mark.django_db
+def test_queue_snapshot_of_a_real_squeue(slurm: Slurm, client: Any) -> None:
     slurm.cancel_all()
     before = int(time.time())
     big = slurm.sbatch("--gres=gpu:8", "--wrap", "sleep 300")  # all eight GPUs: it runs
@@ -118,6 +126,32 @@ def test_queue_snapshot_of_a_real_squeue(slurm: Slurm) -> None:
     # waiting on the machine: eligible since submission; held or waiting on a job: not yet
     assert unix(eligible[resources]) >= before and unix(eligible[priority]) >= before
     assert eligible[held] is None and eligible[dependency] is None
+
+    # What the server stores: a second snapshot a few seconds later, both pushed to
+    # POST /api/v1/queue as the collector pushes them. Between them the four capacity waits
+    # (4 + 2 + 4 × 2 GPUs) and the two user waits (3 + 1) each waited Δt.
+    time.sleep(2)
+    r = agent_queue(slurm, "--cluster", "loopback", "--once", "--print")
+    assert r.returncode == 0, r.stderr
+    second = json.loads(r.stdout)
+    delta = unix(second["at"]) - unix(snap["at"])
+    assert 1 <= delta <= 120
+    _, token = node_token_issue(hostname="slurm-login")
+    for body in (snap, second):
+        response = client.post(
+            "/api/v1/queue",
+            data=json.dumps(body),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {token}",
+        )
+        assert response.status_code == 200, response.content
+    hour = dt.datetime.fromtimestamp(unix(snap["at"]) // 3600 * 3600, dt.UTC)
+    (row,) = queue_rows(start=hour, end=hour + dt.timedelta(hours=2), group_by="partition")
+    assert (row["cluster"], row["key"], row["jobs"]) == ("loopback", "gpu", 8)
+    assert row["waited_gpu_hours_capacity"] == pytest.approx(14 * delta / 3600)
+    assert row["waited_gpu_hours_user"] == pytest.approx(4 * delta / 3600)
+    assert row["waited_gpu_hours_policy"] == 0
+    assert PendingStretch.objects.count() == 8  # one stretch per job, not per snapshot
 
 
 def test_queue_mode_says_so_when_squeue_fails(slurm: Slurm, tmp_path: Path) -> None:
