@@ -123,6 +123,22 @@ def test_finance_journey_through_every_page(live_server: Any, page: Any, open_pa
     assert page.locator("#workload-gpus tbody tr td a[href^='/gpus/']").count() >= 1
     assert page.locator("#kpi-idle-cost").count() == 1
 
+    # Queue pressure: the demo's Slurm queue waited for H100s while the rented cloud-burst
+    # GPUs sat held; the overview prices it, the Queue page says who waited.
+    page.goto(f"{base}/?from={today - dt.timedelta(days=13)}&to={today}")
+    _charts_drawn(page)
+    assert re.fullmatch(r"[\d,]+ GPU-h", _kpi(page, "kpi-queue"))
+    assert "USD of idle GPUs" in page.locator("#kpi-queue .sub").inner_text()
+    assert page.locator("#chart-queue-plot .main-svg").count() >= 1
+    page.click("nav a:has-text('Queue')")
+    page.wait_for_url(re.compile(r".*/queue/.*"))
+    rows = page.locator("#queue-table tbody tr")
+    assert rows.count() == 1 and "h100" in rows.first.inner_text()
+    page.click("#queue-tabs a:has-text('Per user')")
+    page.wait_for_url(re.compile(r".*group_by=user.*"))
+    assert page.locator("#queue-table tbody tr").count() == 4  # alice, carol, bob, dave
+    _shot(page, "queue")
+
     page.goto(f"{base}/breakeven/?from={today - dt.timedelta(days=13)}&to={today}")
     assert _charts_drawn(page) >= 2
     # It opens on the whole fleet (every GPU not rented), and says so.
