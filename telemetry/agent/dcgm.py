@@ -16,13 +16,23 @@ from __future__ import annotations
 import http.client
 import logging
 import math
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .source import GpuInfo, Reading, TickResult, Workload, inventory
+from .source import (
+    GpuInfo,
+    InstanceReading,
+    MigInstance,
+    Reading,
+    TickResult,
+    Workload,
+    inventory,
+    mig_combine,
+)
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -72,15 +82,27 @@ def _parser() -> Callable[[str], Iterable[Any]]:
 
 
 @dataclass
+class InstanceSeries:
+    """One MIG instance's values in one answer: the exporter labels them with the GPU's UUID
+    and the GPU instance's id and profile (``GPU_I_ID``, ``GPU_I_PROFILE``)."""
+
+    gi: int
+    profile: str
+    values: dict[str, float] = field(default_factory=dict)
+    pods: set[tuple[str, str]] = field(default_factory=set)  # (namespace, pod)
+
+
+@dataclass
 class Series:
     """One GPU's values in one answer: the first of each field (a GPU that several pods share
-    repeats its series with each pod's labels, with the same value)."""
+    repeats its series with each pod's labels, with the same value), and its MIG instances'."""
 
     index: int
     name: str
     values: dict[str, float] = field(default_factory=dict)
     pod_labels: bool = False  # the exporter maps GPUs to pods (its pod/namespace labels exist)
     pods: set[tuple[str, str]] = field(default_factory=set)  # (namespace, pod)
+    instances: dict[int, InstanceSeries] = field(default_factory=dict)  # by GPU instance id
 
 
 def _metric(line: str) -> str:
@@ -127,19 +149,30 @@ def parse(
                     index = len(gpus)
                 s = gpus[uuid] = Series(index=index, name=labels.get("modelName", ""))
                 driver = driver or labels.get("DCGM_FI_DRIVER_VERSION") or None
+            # A MIG instance repeats its GPU's UUID with its GPU instance's id: its values
+            # and pods are the instance's, not the GPU's.
+            target: Series | InstanceSeries = s
+            gi_label = labels.get("GPU_I_ID", "")
+            if gi_label:
+                try:
+                    gi = int(gi_label)
+                except ValueError:
+                    continue
+                inst = s.instances.get(gi)
+                if inst is None:
+                    inst = s.instances[gi] = InstanceSeries(gi, labels.get("GPU_I_PROFILE", ""))
+                target = inst
             if "pod" in labels:
                 s.pod_labels = True
                 pod, namespace = labels["pod"], labels.get("namespace", "")
                 if pod and namespace:
-                    s.pods.add((namespace, pod))
-            # A MIG instance repeats its GPU's UUID: its pod holds the GPU, but its values
-            # describe a slice of it, not the GPU.
-            if labels.get("GPU_I_ID") or not wanted or sample.name not in names:
+                    target.pods.add((namespace, pod))
+            if not wanted or sample.name not in names:
                 continue
             lo, hi = _FIELDS[family.name]
             v = float(sample.value)
-            if family.name not in s.values and math.isfinite(v) and lo <= v <= hi:
-                s.values[family.name] = v
+            if family.name not in target.values and math.isfinite(v) and lo <= v <= hi:
+                target.values[family.name] = v
     return gpus, driver
 
 
@@ -151,8 +184,69 @@ def _int(v: float | None) -> int | None:
     return None if v is None else int(round(v))
 
 
-def reading(s: Series) -> Reading:
-    """docs/agent.md's map from one GPU's DCGM fields to a reading."""
+_SLICES = re.compile(r"(\d+)g\.")
+# The wire's limits for an instance's UUID and profile (telemetry.wire: UUID_MAX, MIG_PROFILE_MAX)
+MIG_UUID_MAX, MIG_PROFILE_MAX = 100, 50
+
+
+def mig_instance(gpu_uuid: str, inst: InstanceSeries) -> MigInstance:
+    """The instance as the ``mig`` list names it. The exporter gives no MIG UUID: the
+    instance is named by its GPU, GPU instance id and profile (``MIG-<GPU>-<gi>-<profile>``,
+    stable while the GPU keeps that layout); its slices from the profile (``3g.40gb``: 3), its
+    memory from its framebuffer fields, else from the profile; one compute instance (id 0)."""
+    found = _SLICES.search(inst.profile)
+    slices = int(found.group(1)) if found else 1
+    v = inst.values
+    if "DCGM_FI_DEV_FB_USED" in v and "DCGM_FI_DEV_FB_FREE" in v:
+        used, free = v["DCGM_FI_DEV_FB_USED"], v["DCGM_FI_DEV_FB_FREE"]
+        memory_mb = int(used + free + v.get("DCGM_FI_DEV_FB_RESERVED", 0))
+    else:
+        gb = re.search(r"(\d+)gb", inst.profile)
+        memory_mb = int(gb.group(1)) * 1024 if gb else 0
+    short = gpu_uuid.removeprefix("GPU-")
+    return MigInstance(
+        uuid=f"MIG-{short}-{inst.gi}-{inst.profile or 'unknown'}"[:MIG_UUID_MAX],
+        gi=inst.gi,
+        ci=0,
+        profile=(inst.profile or "unknown")[:MIG_PROFILE_MAX],
+        slices=slices,
+        memory_mb=memory_mb,
+    )
+
+
+def _instance_reading(inst: InstanceSeries, pod_labels: bool) -> Reading:
+    """One instance's second: its graphics engine's activity as utilisation (0 where the
+    exporter has none: held or parked, DESIGN §9.5), its memory and profiling fields, its
+    pods where the exporter maps pods."""
+    v = inst.values.get
+    used = v("DCGM_FI_DEV_FB_USED")
+    util = _pct_of_ratio(v("DCGM_FI_PROF_GR_ENGINE_ACTIVE"))
+    return Reading(
+        util=0.0 if util is None else util,
+        mem_used=None if used is None else int(used) * MIB,
+        sm_active_pct=_pct_of_ratio(v("DCGM_FI_PROF_SM_ACTIVE")),
+        sm_occupancy_pct=_pct_of_ratio(v("DCGM_FI_PROF_SM_OCCUPANCY")),
+        tensor_active_pct=_pct_of_ratio(v("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")),
+        dram_active_pct=_pct_of_ratio(v("DCGM_FI_PROF_DRAM_ACTIVE")),
+        workloads=(
+            tuple(
+                Workload("k8s", f"{namespace}/{pod}", account=namespace)
+                for namespace, pod in sorted(inst.pods)
+            )
+            if pod_labels
+            else None
+        ),
+    )
+
+
+def mig_slices(name: str) -> int:
+    """A MIG-capable GPU's slices: 4 on an A30, 7 on the others (A100, H100, H200, B200)."""
+    return 4 if "A30" in name else 7
+
+
+def reading(s: Series, uuid: str = "") -> Reading:
+    """docs/agent.md's map from one GPU's DCGM fields to a reading; in MIG mode (instance
+    series under the GPU's ``uuid``) one reading per instance, the GPU's filled from them."""
     v = s.values.get
     util = v("DCGM_FI_DEV_GPU_UTIL")
     if util is None:
@@ -169,7 +263,7 @@ def reading(s: Series) -> Reading:
             for namespace, pod in sorted(s.pods)
         )
     power = v("DCGM_FI_DEV_POWER_USAGE")
-    return Reading(
+    r = Reading(
         util=util,
         mem_util=v("DCGM_FI_DEV_MEM_COPY_UTIL"),
         mem_used=None if used is None else int(used) * MIB,
@@ -184,6 +278,17 @@ def reading(s: Series) -> Reading:
         dram_active_pct=_pct_of_ratio(v("DCGM_FI_PROF_DRAM_ACTIVE")),
         workloads=workloads,
     )
+    if s.instances:
+        r.workloads = None  # the instances say who held their slices
+        mig_combine(
+            r,
+            [
+                InstanceReading(mig_instance(uuid, inst), _instance_reading(inst, s.pod_labels))
+                for _, inst in sorted(s.instances.items())
+            ],
+            mig_slices(s.name),
+        )
+    return r
 
 
 def memory_total_bytes(s: Series) -> int | None:
@@ -305,7 +410,12 @@ class DcgmSource:
             total = memory_total_bytes(s)
             if total is not None:
                 g.memory_total_bytes = total
-            readings[uuid] = reading(s)
+            r = readings[uuid] = reading(s, uuid)
+            if r.instances is None:
+                g.mig = None
+            else:
+                g.mig = tuple(ir.instance for ir in r.instances)
+                g.mig_slices = r.slices_total
         lost: list[str] = []
         for g in self.gpus.values():
             if not g.lost and g.uuid not in series:

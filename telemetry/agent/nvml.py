@@ -41,6 +41,7 @@ from .source import (
     TickResult,
     Workload,
     inventory,
+    mig_combine,
 )
 from .workloads import Discovery
 
@@ -745,16 +746,9 @@ class Collector:
             inst.gpm = None
 
     def _mig_read(self, g: Gpu, insts: list[Inst], r: Reading) -> None:
-        """Read each instance; fill the GPU's reading from them: utilisation and profiling
-        fields slice-weighted over the GPU's slices (a slice in no instance counts 0),
-        processes summed."""
+        """Read each instance; fill the GPU's reading from them (``mig_combine``)."""
         api = self.api
         out: list[InstanceReading] = []
-        total = max(g.mig_slices, 1)
-        util_sum = 0.0
-        prof_sum = [0.0, 0.0, 0.0, 0.0]
-        prof_all = [True, True, True, True]
-        procs: int | None = None
         for inst in insts:
             ir = Reading()
             mem = self._try(g, "mig_memory", api.nvmlDeviceGetMemoryInfo, inst.handle)
@@ -763,7 +757,6 @@ class Collector:
             compute = self._mig_procs(g, inst)
             if compute is not None:
                 ir.procs = len(compute)
-                procs = (procs or 0) + ir.procs
                 if self.workloads is not None:
                     pids = dict.fromkeys(int(p.pid) for p in compute)
                     ir.workloads = self.workloads.holders(inst.info.uuid, pids)
@@ -784,24 +777,8 @@ class Collector:
                         g.uuid,
                     )
                 ir.util = 0.0
-            weight = inst.info.slices / total
-            util_sum += ir.util * weight
-            for k, v in enumerate(
-                (ir.sm_active_pct, ir.sm_occupancy_pct, ir.tensor_active_pct, ir.dram_active_pct)
-            ):
-                if v is None:
-                    prof_all[k] = False
-                else:
-                    prof_sum[k] += v * weight
             out.append(InstanceReading(inst.info, ir))
-        r.instances = tuple(out)
-        r.slices_total = total
-        r.util = min(util_sum, 100.0)
-        r.procs = procs
-        if out:
-            r.sm_active_pct, r.sm_occupancy_pct, r.tensor_active_pct, r.dram_active_pct = (
-                prof_sum[k] if prof_all[k] else None for k in range(4)
-            )
+        mig_combine(r, out, g.mig_slices)
 
     def _mig_procs(self, g: Gpu, inst: Inst) -> Sequence[Any] | None:
         api = self.api

@@ -14,7 +14,7 @@ sources that cannot measure it change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -117,6 +117,42 @@ class GpuInfo:
             # the server sets the GPU's lost_at, and clears it when a push lists it present
             d["status"] = "lost"
         return d
+
+
+def mig_combine(r: Reading, instances: Sequence[InstanceReading], slices_total: int) -> None:
+    """Fill a GPU's reading in MIG mode from its instances' (docs/agent.md, "MIG"), whichever
+    source read them: ``instances`` and ``slices_total`` set; utilisation and the profiling
+    fields slice-weighted over the GPU's slices (a slice in no instance counts 0; a profiling
+    field only where every instance has it); processes summed over the instances that said."""
+    total = max(slices_total, 1)
+    util = 0.0
+    prof = [0.0, 0.0, 0.0, 0.0]
+    prof_all = [True, True, True, True]
+    procs: int | None = None
+    for ir in instances:
+        weight = ir.instance.slices / total
+        util += (ir.reading.util or 0.0) * weight
+        if ir.reading.procs is not None:
+            procs = (procs or 0) + ir.reading.procs
+        fields = (
+            ir.reading.sm_active_pct,
+            ir.reading.sm_occupancy_pct,
+            ir.reading.tensor_active_pct,
+            ir.reading.dram_active_pct,
+        )
+        for k, v in enumerate(fields):
+            if v is None:
+                prof_all[k] = False
+            else:
+                prof[k] += v * weight
+    r.instances = tuple(instances)
+    r.slices_total = total
+    r.util = min(util, 100.0)
+    r.procs = procs
+    if instances:
+        r.sm_active_pct, r.sm_occupancy_pct, r.tensor_active_pct, r.dram_active_pct = (
+            prof[k] if prof_all[k] else None for k in range(4)
+        )
 
 
 def inventory(gpus: Iterable[GpuInfo]) -> list[dict[str, Any]]:

@@ -262,27 +262,103 @@ def test_bare_metal_exporter_sends_no_workloads_key(exporter: FakeExporter) -> N
     assert out and all("workloads" not in s for s in out)  # the memory rule applies
 
 
-def test_mig_instances_lend_their_pods_not_their_values() -> None:
+MIG_GPU = 'gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"'
+
+
+def mig_text(now: int) -> str:
+    """An H100 in MIG mode as dcgm-exporter answers it on Kubernetes: the GPU's power and
+    energy without instance labels; per GPU instance (3g.40gb id 1, 2g.20gb id 5, 1g.10gb id
+    13; one slice free) its graphics engine's activity, SM activity and framebuffer, labelled
+    with the pod that holds it (the 1g.10gb none). The counter grows 300 J a second."""
+
+    def inst(gi: int, profile: str, pod: str, ns: str) -> str:
+        return f'{MIG_GPU},GPU_I_PROFILE="{profile}",GPU_I_ID="{gi}",pod="{pod}",namespace="{ns}"'
+
+    gpu = f'{MIG_GPU},GPU_I_PROFILE="",GPU_I_ID="",pod="",namespace=""'
+    rows = [
+        ("3g.40gb", 1, "train-0", "team-a", "0.800000", "0.600000", 30000, 10448),
+        ("2g.20gb", 5, "serve-0", "team-b", "0.100000", "0.050000", 8000, 12224),
+        ("1g.10gb", 13, "", "", "0.000000", "0.000000", 0, 9856),
+    ]
+    lines = [
+        "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
+        f"DCGM_FI_DEV_POWER_USAGE{{{gpu}}} 300.000000",
+        "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter",
+        f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{gpu}}} {5_000_000_000 + 300_000 * (now - T0)}",
+    ]
+    for metric, k in (
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 4),
+        ("DCGM_FI_PROF_SM_ACTIVE", 5),
+        ("DCGM_FI_DEV_FB_USED", 6),
+        ("DCGM_FI_DEV_FB_FREE", 7),
+    ):
+        lines.append(f"# TYPE {metric} gauge")
+        for row in rows:
+            lines.append(f"{metric}{{{inst(row[1], row[0], row[2], row[3])}}} {row[k]}")
+    return "\n".join(lines) + "\n"
+
+
+def test_mig_instances_are_read_from_their_own_series() -> None:
+    """Each GPU instance's values and pods are its own; the GPU's utilisation and SM activity
+    are the instances' weighted by their slices of 7 (the free slice counts 0):
+    util (3 × 80 + 2 × 10 + 1 × 0) / 7 = 37.142857 %, SM (3 × 60 + 2 × 5) / 7 = 27.142857 %."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    gpu = 'gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"'
-    text = (
-        "# TYPE DCGM_FI_DEV_POWER_USAGE gauge\n"
-        f'DCGM_FI_DEV_POWER_USAGE{{{gpu},GPU_I_PROFILE="",GPU_I_ID="",pod="",namespace=""}} 300\n'
-        "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n"
-        f'DCGM_FI_PROF_SM_ACTIVE{{{gpu},GPU_I_PROFILE="3g.40gb",GPU_I_ID="1",'
-        'pod="a-0",namespace="team-a"} 0.9\n'
-        f'DCGM_FI_PROF_SM_ACTIVE{{{gpu},GPU_I_PROFILE="3g.40gb",GPU_I_ID="2",'
-        'pod="b-0",namespace="team-b"} 0.1\n'
-    )
-    series, _ = parse(text, text_string_to_metric_families)
-    r = reading(series["GPU-aaaa"])
+    series, _ = parse(mig_text(T0), text_string_to_metric_families)
+    r = reading(series["GPU-aaaa"], "GPU-aaaa")
     assert r.power_mw == 300_000
-    assert r.sm_active_pct is None  # a slice's activity is not the GPU's
-    assert r.workloads == (
-        Workload("k8s", "team-a/a-0", account="team-a"),
-        Workload("k8s", "team-b/b-0", account="team-b"),
-    )
+    assert r.util == pytest.approx(260 / 7) and r.sm_active_pct == pytest.approx(190 / 7)
+    assert r.workloads is None and r.slices_total == 7  # the instances say who held them
+    assert r.instances is not None
+    got = [
+        (i.instance.uuid, i.instance.gi, i.instance.profile, i.instance.slices) for i in r.instances
+    ]
+    assert got == [
+        ("MIG-aaaa-1-3g.40gb", 1, "3g.40gb", 3),
+        ("MIG-aaaa-5-2g.20gb", 5, "2g.20gb", 2),
+        ("MIG-aaaa-13-1g.10gb", 13, "1g.10gb", 1),
+    ]
+    assert [i.instance.memory_mb for i in r.instances] == [40448, 20224, 9856]
+    first, second, third = (i.reading for i in r.instances)
+    assert (first.util, first.mem_used) == (pytest.approx(80.0), 30000 * MIB)
+    assert first.workloads == (Workload("k8s", "team-a/train-0", account="team-a"),)
+    assert second.workloads == (Workload("k8s", "team-b/serve-0", account="team-b"),)
+    assert third.workloads == () and third.util == 0.0  # the exporter maps pods: nobody
+
+
+def test_a_mig_gpu_through_the_exporter_sends_a_sample_per_instance(
+    exporter: FakeExporter,
+) -> None:
+    """Ten seconds of the answer above through the agent: the GPU's sample (its energy, the
+    slice-weighted utilisation; the pods holding 3/7 and 2/7 of it) and one per instance,
+    each naming its GPU and instance, all as the server takes them; the inventory lists the
+    instances."""
+    from tests.agent.test_agent_shares import assert_server_accepts
+
+    clock = VirtualClock(T0)
+    serve(exporter, clock, mig_text)
+    agent = agent_on(exporter, clock)
+    out = run(agent, clock, T0, T0 + 10)
+    by = {s.get("instance"): s for s in out if s["start"] == START}
+    assert set(by) == {None, "MIG-aaaa-1-3g.40gb", "MIG-aaaa-5-2g.20gb", "MIG-aaaa-13-1g.10gb"}
+    gpu = by[None]
+    assert gpu["util_pct"] == pytest.approx(260 / 7, abs=0.01)
+    assert gpu["energy_j"] == pytest.approx(3000.0)
+    shares = {w["id"]: w["share_s"] for w in gpu["workloads"]}
+    # 10 s × 3/7 and × 2/7, as the wire rounds them (3 decimals)
+    assert shares == {"team-a/train-0": 4.286, "team-b/serve-0": 2.857}
+    inst = by["MIG-aaaa-1-3g.40gb"]
+    assert inst["gpu"] == "GPU-aaaa" and inst["util_pct"] == pytest.approx(80.0)
+    assert [w["id"] for w in inst["workloads"]] == ["team-a/train-0"]
+    for s in by.values():
+        assert_server_accepts(s)
+    (block,) = agent.source.inventory()
+    assert block["mig_slices"] == 7
+    assert [m["uuid"] for m in block["mig"]] == [
+        "MIG-aaaa-1-3g.40gb",
+        "MIG-aaaa-5-2g.20gb",
+        "MIG-aaaa-13-1g.10gb",
+    ]
 
 
 def test_fields_are_matched_by_their_whole_name() -> None:
