@@ -3,13 +3,14 @@ view is a URL that can be bookmarked and shared)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 from typing import Any
 
 from django import forms
 
 from billing import breakeven as be
-from billing.selectors import breakeven_workload
+from billing.selectors import breakeven_workload_measured
 from fleet.bounds import date_validator
 from fleet.models import GpuModel, Pool, Site, Team
 
@@ -176,16 +177,18 @@ class BreakevenForm(forms.Form):
         return data
 
     @classmethod
-    def initial_query(cls, pool: str | None) -> dict[str, Any]:
+    def initial_query(cls, pool: str | None, *, start: dt.date, end: dt.date) -> dict[str, Any]:
         """The defaults as submitted data, so the page shows a result on first load: the
-        whole fleet (no ``pool``) or the pool, at the workload in force for it (its own from
-        the fleet file, else the fleet's, else the product's: ``breakeven_workload``)."""
+        whole fleet (no ``pool``) or the pool, at the workload in force for it over the days
+        ``[start, end)`` (its own from the fleet file, else the fleet's, else the product's,
+        its tokens per second those its jobs measured where they reported:
+        ``breakeven_workload_measured``)."""
         form = cls()
         data = {
             name: field.initial for name, field in form.fields.items() if field.initial is not None
         }
         data["pool"] = pool or ""
-        workload = breakeven_workload(pool=pool)
+        workload, _ = breakeven_workload_measured(pool=pool, start=start, end=end)
         if "api_price_per_mtok" in workload:
             data["price_mode"] = "blended"
         for key, value in workload.items():

@@ -370,9 +370,11 @@ def _pool_statuses(
 
     statuses: list[PoolStatus] = []
     for pool in Pool.objects.order_by("name").values_list("name", flat=True):
-        form = BreakevenForm(BreakevenForm.initial_query(pool))
+        form = BreakevenForm(BreakevenForm.initial_query(pool, start=start, end=end))
         if not form.is_valid():
             continue
+        # what the pool's training loops measured, where they reported (the form's default)
+        _, measured = selectors.breakeven_workload_measured(pool=pool, start=start, end=end)
         d = form.cleaned_data
         blended = d.get("price_mode") == "blended"
         try:
@@ -392,7 +394,8 @@ def _pool_statuses(
             continue
         cur = result.currency
         workload = (
-            f"{d['tokens_per_s']:,.0f} tokens/s per GPU, API "
+            f"{d['tokens_per_s']:,.0f} tokens/s per GPU"
+            f"{' (measured by its jobs)' if measured is not None else ''}, API "
             f"{money(result.api_price_per_mtok, cur, places=3)} per million tokens"
         )
         u, u_star = result.utilization, result.breakeven_utilization

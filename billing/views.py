@@ -1107,10 +1107,11 @@ def _month_basis(result: selectors.BreakevenResult) -> str:
     )
 
 
-def _breakeven_initial(pool: str | None) -> dict[str, Any]:
-    """The form's defaults for ``pool`` (``BreakevenForm.initial_query``), its on-demand rate
-    that of the pool's own rented cost profile where it has one."""
-    data = BreakevenForm.initial_query(pool)
+def _breakeven_initial(pool: str | None, flt: Any) -> dict[str, Any]:
+    """The form's defaults for ``pool`` over the filter's days (``BreakevenForm.
+    initial_query``), its on-demand rate that of the pool's own rented cost profile where it
+    has one."""
+    data = BreakevenForm.initial_query(pool, start=flt.start, end=flt.end_exclusive)
     rate = pool_rental_rate(pool)
     if rate is not None:
         # As the fleet file gives it (2.49), not as the database keeps it (2.490000).
@@ -1135,14 +1136,18 @@ def breakeven(request: HttpRequest) -> HttpResponse:
     data: Any = (
         request.GET
         if "tokens_per_s" in request.GET
-        else _breakeven_initial(flt.filters.pools[0] if flt.filters.pools else None)
+        else _breakeven_initial(flt.filters.pools[0] if flt.filters.pools else None, flt)
     )
     form = BreakevenForm(data)
+    measured = None
     result = None
     figures: dict[str, Any] = {}
     if form.is_valid():
         d = form.cleaned_data
         blended = d["price_mode"] == "blended"
+        _, measured = selectors.breakeven_workload_measured(
+            pool=d["pool"] or None, start=flt.start, end=flt.end_exclusive
+        )
         try:
             result = selectors.breakeven_compute(
                 pool=d["pool"] or None,
@@ -1182,8 +1187,26 @@ def breakeven(request: HttpRequest) -> HttpResponse:
             month_basis=_month_basis(result) if result is not None else "",
             rented=result is not None and result.comparison == be.RENTED,
             fleet_choice=FLEET_CHOICE[1],
+            measured=_measured_words(measured, form) if form.is_valid() else "",
         ),
     )
+
+
+def _measured_words(measured: Any, form: BreakevenForm) -> str:
+    """What the page says of the jobs' own tokens per second (issue 43): used, or overridden
+    by the form, or none reported."""
+    if measured is None:
+        return (
+            "No training loop of these GPUs reported tokens in this range: tokens/s per GPU "
+            "is the fleet file's (gpufleet_hook reports them, docs/agent.md)."
+        )
+    said = (
+        f"Measured: {num(measured.tokens_per_s)} tokens/s per GPU while computing, from "
+        f"{num(measured.gpu_hours)} GPU-hours of the jobs' own reports"
+    )
+    if round(measured.tokens_per_s, 1) == round(form.cleaned_data["tokens_per_s"], 1):
+        return f"{said}; used above."
+    return f"{said}; the form's {num(form.cleaned_data['tokens_per_s'])} is used above."
 
 
 # --- errors ---------------------------------------------------------------------------------

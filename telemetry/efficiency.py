@@ -251,6 +251,36 @@ def job_efficiency(
     return out
 
 
+@dataclass(frozen=True)
+class MeasuredTokens:
+    """What the training loops of a pool (or of the fleet) measured: tokens per second per
+    GPU while computing, and the GPU hours of reports it stands on."""
+
+    tokens_per_s: float
+    gpu_hours: float
+
+
+def measured_tokens_per_s(
+    *, pool: str | None, start: dt.datetime, end: dt.datetime
+) -> MeasuredTokens | None:
+    """The break-even's tokens per second per GPU as the jobs of ``pool`` (None: every pool)
+    reported them over ``[start, end)``: Σ tokens / Σ (wall − data wait − checkpoint) seconds,
+    the loops' time neither waiting for data nor checkpointing, when the GPU computes (the
+    break-even counts tokens per second in the air and scales by utilisation). None without
+    tokens."""
+    rows = job_efficiency(start=start, end=end, group_by="pool")
+    if pool is not None:
+        rows = [r for r in rows if r.key == pool]
+    tokens = sum(r.tokens for r in rows)
+    busy_s = sum(
+        r.gpu_hours * 3600.0 * (1.0 - (r.data_starved_share or 0.0) - (r.checkpoint_share or 0.0))
+        for r in rows
+    )
+    if tokens <= 0 or busy_s <= 0:
+        return None
+    return MeasuredTokens(tokens / busy_s, sum(r.gpu_hours for r in rows))
+
+
 def _aware(hour: Any) -> dt.datetime:
     """A raw cursor's hour as an aware UTC datetime (SQLite hands back text or naive values)."""
     moment: dt.datetime = dt.datetime.fromisoformat(hour) if isinstance(hour, str) else hour

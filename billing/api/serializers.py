@@ -410,7 +410,8 @@ class BreakevenQuerySerializer(RangeQuerySerializer):
         max_value=TOKENS_PER_S_MAX,
         required=False,
         help_text="Tokens per second one GPU of the pool serves at full load. Default: the "
-        "fleet file's tokens_per_s_per_gpu (the pool's, else the fleet's), else 2000",
+        "pool's jobs measured in the window (gpufleet_hook), else the fleet file's "
+        "tokens_per_s_per_gpu (the pool's, else the fleet's), else 2000",
     )
     api_price_per_mtok = _price("Blended API price per million tokens")
     api_input_price_per_mtok = _price("API price per million input tokens")
@@ -518,6 +519,12 @@ class BreakevenSerializer(serializers.Serializer[Any]):
     window_start = serializers.DateTimeField()
     window_end = serializers.DateTimeField()
     tokens_per_s = serializers.FloatField()
+    tokens_per_s_source = serializers.ChoiceField(
+        choices=["query", "measured", "fleet file"],
+        help_text="Where tokens_per_s came from: the query; what the pool's training loops "
+        "measured in the window (tokens per second of their time neither waiting for data "
+        "nor checkpointing, gpufleet_hook); else the fleet file's (or the product's) default",
+    )
     api_price_per_mtok = serializers.DecimalField(max_digits=20, decimal_places=6)
     fixed_rate_per_hour = serializers.DecimalField(max_digits=20, decimal_places=6)
     p_active_kw = serializers.FloatField()

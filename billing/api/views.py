@@ -306,7 +306,13 @@ class BreakevenView(FinanceAPIView):
         query = BreakevenQuerySerializer(data=request.query_params, context={"today": today})
         query.is_valid(raise_exception=True)
         params = dict(query.validated_data)
-        workload = selectors.breakeven_workload(pool=params.get("pool"))
+        workload, measured = selectors.breakeven_workload_measured(
+            pool=params.get("pool"), start=params["start"], end=params["end"]
+        )
+        if "tokens_per_s" in params:
+            source = "query"
+        else:
+            source = "measured" if measured is not None else "fleet file"
         try:
             result = selectors.breakeven_compute(**breakeven_arguments(params, workload))
         except LookupError:
@@ -315,7 +321,7 @@ class BreakevenView(FinanceAPIView):
             message = str(exc)
             field = next((name for name in query.fields if message.startswith(str(name))), None)
             return Response({field: [message]} if field else {"detail": message}, status=400)
-        return Response(breakeven_data(result, zone=zone))
+        return Response({**breakeven_data(result, zone=zone), "tokens_per_s_source": source})
 
 
 class CostProfileViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet[CostProfile]):

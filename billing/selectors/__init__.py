@@ -31,7 +31,12 @@ How a figure is made, and why this way:
 Money is Decimal in full precision (round only when shown); hours are floats.
 """
 
-from billing.selectors.breakeven import BreakevenResult, breakeven_compute, breakeven_workload
+from billing.selectors.breakeven import (
+    BreakevenResult,
+    breakeven_compute,
+    breakeven_workload,
+    breakeven_workload_measured,
+)
 from billing.selectors.costs import (
     DeferredRow,
     FleetSummary,
@@ -73,6 +78,7 @@ __all__ = [
     "UtilizationRow",
     "breakeven_compute",
     "breakeven_workload",
+    "breakeven_workload_measured",
     "RowPlace",
     "cost_rows",
     "cost_rows_after",

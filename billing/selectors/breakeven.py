@@ -22,6 +22,7 @@ from billing.selectors.types import (
     _validate,
 )
 from fleet.models import FleetSettings, Pool
+from telemetry.efficiency import MeasuredTokens, measured_tokens_per_s
 
 
 @dataclass
@@ -65,6 +66,25 @@ def breakeven_workload(*, pool: str | None) -> dict[str, Any]:
         Pool.objects.filter(name=pool).values_list("breakeven", flat=True).first() if pool else None
     )
     return be.workload_defaults(fleet=dict(FleetSettings.load().breakeven), pool=own)
+
+
+def breakeven_workload_measured(
+    *, pool: str | None, start: dt.date, end: dt.date
+) -> tuple[dict[str, Any], MeasuredTokens | None]:
+    """:func:`breakeven_workload` for the report days ``[start, end)``, its tokens per second
+    per GPU the pool's jobs measured where their training loops reported tokens
+    (``telemetry.efficiency.measured_tokens_per_s``; None: the fleet file's or the product's
+    stand). The page's, the API's and the weekly email's defaults, so the three agree."""
+    workload = breakeven_workload(pool=pool)
+    zone = FleetSettings.load().report_zone
+    measured = measured_tokens_per_s(
+        pool=pool,
+        start=dt.datetime.combine(start, dt.time(), tzinfo=zone),
+        end=dt.datetime.combine(end, dt.time(), tzinfo=zone),
+    )
+    if measured is not None:
+        workload["tokens_per_s_per_gpu"] = round(measured.tokens_per_s, 1)
+    return workload, measured
 
 
 def _capacity_h(segment: _Segment) -> Decimal:

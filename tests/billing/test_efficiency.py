@@ -245,3 +245,86 @@ def test_workload_pages_show_the_training_loop(jobs: dict[str, Any], role_client
         assert value in card[: card.index("</p>", card.index('class="value"'))], ident
     viewer = _html(role_client("viewer"), f"/workloads/{job.pk}/?{span}")
     assert 'id="kpi-mfu"' in viewer and 'id="kpi-cost-per-mtok"' not in viewer
+
+
+# --- the break-even with the jobs' own tokens per second --------------------------------------
+# Pool training: 1,500,000 tokens over 5,400 s of reports, 360 s of them waiting for data and
+# 180 s checkpointing: 1,500,000 / 4,860 s computing = 308.641975… → 308.6 tokens/s per GPU.
+# Pool rented: 400,000 / 1,800 = 222.2. Every pool: 1,900,000 / 6,660 = 285.285… → 285.3.
+BE_DAY = {"start": "2026-03-02", "end": "2026-03-03"}
+
+
+def test_measured_tokens_per_second_of_a_pool_and_of_the_fleet(jobs: dict[str, Any]) -> None:
+    from telemetry.efficiency import measured_tokens_per_s
+
+    day = dict(start=HOUR - dt.timedelta(hours=5), end=HOUR + dt.timedelta(hours=19))
+    training = measured_tokens_per_s(pool="training", **day)
+    assert training is not None
+    assert training.tokens_per_s == pytest.approx(1_500_000 / 4_860)
+    assert training.gpu_hours == pytest.approx(1.5)
+    rented = measured_tokens_per_s(pool="rented", **day)
+    assert rented is not None and rented.tokens_per_s == pytest.approx(400_000 / 1_800)
+    fleet = measured_tokens_per_s(pool=None, **day)
+    assert fleet is not None and fleet.tokens_per_s == pytest.approx(1_900_000 / 6_660)
+    # No report in the range: nothing measured.
+    later = dict(start=day["end"], end=day["end"] + dt.timedelta(days=1))
+    assert measured_tokens_per_s(pool="training", **later) is None
+
+
+def test_the_break_even_api_uses_the_measured_tokens_unless_asked_otherwise(
+    jobs: dict[str, Any], role_client: Any
+) -> None:
+    finance = role_client("finance")
+    body = finance.get("/api/v1/breakeven", {**BE_DAY, "pool": "training"}).json()
+    assert (body["tokens_per_s"], body["tokens_per_s_source"]) == (308.6, "measured")
+    asked = finance.get(
+        "/api/v1/breakeven", {**BE_DAY, "pool": "training", "tokens_per_s": "1000"}
+    ).json()
+    assert (asked["tokens_per_s"], asked["tokens_per_s_source"]) == (1000.0, "query")
+    # A day without reports: the fleet file's default (the product's 2,000 here).
+    quiet = finance.get(
+        "/api/v1/breakeven", {"start": "2026-03-04", "end": "2026-03-05", "pool": "training"}
+    ).json()
+    assert (quiet["tokens_per_s"], quiet["tokens_per_s_source"]) == (2000.0, "fleet file")
+
+
+def test_the_break_even_page_and_the_weekly_email_say_measured(
+    jobs: dict[str, Any], role_client: Any
+) -> None:
+    import re
+    from html import unescape
+
+    from billing.report import weekly_report_build
+
+    html = (
+        role_client("finance")
+        .get("/breakeven/", {"from": "2026-03-02", "to": "2026-03-02", "pool": "training"})
+        .content.decode()
+    )
+    assert re.search(r'name="tokens_per_s"[^>]*value="308.6"', html), "the form's default"
+    said = re.search(r'id="breakeven-measured">([^<]*)<', html)
+    assert said is not None and unescape(said.group(1)) == (
+        "Measured: 308.6 tokens/s per GPU while computing, from 1.5 GPU-hours of the jobs' "
+        "own reports; used above."
+    )
+    # The same pool with another figure typed in the form: the form's is used, and said.
+    typed = (
+        role_client("finance")
+        .get(
+            "/breakeven/",
+            {
+                "from": "2026-03-02",
+                "to": "2026-03-02",
+                "pool": "training",
+                "tokens_per_s": "1000",
+                "price_mode": "blended",
+                "api_price_per_mtok": "1.50",
+            },
+        )
+        .content.decode()
+    )
+    assert "; the form's 1,000.0 is used above." in unescape(typed)
+    # The weekly email of that week (Monday 2 March 2026): the same default, said measured.
+    data = weekly_report_build(week_start=dt.date(2026, 3, 2), now=HOUR + dt.timedelta(days=8))
+    (training,) = [p for p in data.pools if p.pool == "training"]
+    assert training.workload.startswith("309 tokens/s per GPU (measured by its jobs), API ")
