@@ -40,6 +40,7 @@ from billing.dashboard import (
     range_bounds,
     window_hours_to_now,
 )
+from billing.efficiency import EfficiencyFigures, efficiency_figures
 from billing.focus_exports import (
     focus_export_filename,
     focus_export_months,
@@ -167,6 +168,26 @@ def _queue_card(queue: QueueOverview, *, currency: str) -> dict[str, Any]:
         accent="idle-money" if queue.wanted_gpu_hours else "",
         unit="GPU-h",
         ident="kpi-queue",
+    )
+
+
+def _efficiency_card(figures: EfficiencyFigures, *, show_money: bool) -> dict[str, Any]:
+    """The fleet's job efficiency (docs/metrics.md, "Job efficiency"): MFU, then where the
+    time of the training loops went and, for finance and admin, a million tokens' cost."""
+    r = figures.row
+    sub = (
+        f"data-starved {pct(r.data_starved_share)}, checkpointing {pct(r.checkpoint_share)}, "
+        f"{num(r.tokens_per_gpu_hour, 0)} tokens per GPU-hour"
+    )
+    if show_money and figures.cost_per_mtok is not None:
+        sub += f", {money(figures.cost_per_mtok, figures.currency, places=3)} per M tokens"
+    return _card(
+        "Job efficiency (MFU)",
+        pct(r.mfu) if r.mfu is not None else "no flops reported",
+        sub,
+        accent="air",
+        ident="kpi-efficiency",
+        exact=f"{num(r.gpu_hours, 0)} GPU-hours of training loops reporting",
     )
 
 
@@ -360,6 +381,24 @@ def overview(request: HttpRequest) -> HttpResponse:
     )
     if queue is not None:
         cards.append(_queue_card(queue, currency=cur))
+    # Job efficiency (every job whose training loop reports through gpufleet_hook): a card,
+    # and the workloads most starved for data.
+    efficiency: list[EfficiencyFigures] = []
+    starved: list[EfficiencyFigures] = []
+    if has_data and flt.filters == selectors.Filters():
+        efficiency = efficiency_figures(start=flt.start, end=flt.end_exclusive, group_by="fleet")
+    if efficiency:
+        cards.append(_efficiency_card(efficiency[0], show_money=show_money))
+        starved = sorted(
+            (
+                f
+                for f in efficiency_figures(
+                    start=flt.start, end=flt.end_exclusive, group_by="workload"
+                )
+                if f.row.workload_id is not None and f.row.data_starved_share is not None
+            ),
+            key=lambda f: (-(f.row.data_starved_share or 0.0), f.row.key),
+        )[:3]
     figures: dict[str, Any] = {}
     if has_data:
         partial = partial_days(flt, data_from=data_from)
@@ -400,6 +439,15 @@ def overview(request: HttpRequest) -> HttpResponse:
             figures=figures,
             blocks=blocks(row),
             priced=row.priced,
+            starved=[
+                {
+                    "label": f"{f.row.kind} {f.row.key}",
+                    "url": reverse("workload-detail", args=[f.row.workload_id]),
+                    "share": pct(f.row.data_starved_share),
+                    "mfu": pct(f.row.mfu),
+                }
+                for f in starved
+            ],
         ),
     )
 

@@ -163,7 +163,7 @@ def job_efficiency(
     NVML name (:func:`peak_flops`; default: the fleet file's ``[[peaks]]``, :func:`fleet_peaks`);
     ``team_of``: the workload team rules (default: none); ``workload_ids``: only the reports
     of these workloads (a page's rows)."""
-    if group_by not in GROUP_BY:
+    if group_by not in GROUP_BY and group_by != "fleet":  # fleet: one row of all (pages)
         raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}")
     from fleet.models import Pool, Team
 
@@ -215,6 +215,8 @@ def job_efficiency(
             key = (wkey, kind, workload_id) if wkey is not None else (UNASSIGNED, None, None)
         elif group_by == "model":
             key = (model, None, None)
+        elif group_by == "fleet":
+            key = ("fleet", None, None)
         elif group_by == "pool":
             key = (pools.get(pool_id, UNASSIGNED), None, None)
         else:

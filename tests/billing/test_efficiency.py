@@ -328,3 +328,35 @@ def test_the_break_even_page_and_the_weekly_email_say_measured(
     data = weekly_report_build(week_start=dt.date(2026, 3, 2), now=HOUR + dt.timedelta(days=8))
     (training,) = [p for p in data.pools if p.pool == "training"]
     assert training.workload.startswith("309 tokens/s per GPU (measured by its jobs), API ")
+
+
+def test_the_overview_has_the_fleet_s_job_efficiency(
+    jobs: dict[str, Any], role_client: Any
+) -> None:
+    """The fleet of the example over its day: MFU 0.4 over the one report with flops; data
+    wait 360 s and checkpoint 180 s of 7,200 s of reports (5.0 %, 2.5 %); 1,900,000 tokens over
+    2 GPU-hours (950,000 per GPU-hour); money 3.55 over 1.9 M tokens = 1.868 per M tokens.
+    The workloads most starved for data: 48213 (360 of its 5,400 s: 6.7 %), then 7 (0.0 %)."""
+    import re
+    from html import unescape
+
+    day = {"from": "2026-03-02", "to": "2026-03-02"}
+    html = unescape(role_client("finance").get("/", day).content.decode())
+    card = html[
+        html.index('id="kpi-efficiency"') : html.index(
+            "</article>", html.index('id="kpi-efficiency"')
+        )
+    ]
+    assert '<p class="value" title="2 GPU-hours of training loops reporting">40.0 %' in card
+    assert (
+        "data-starved 5.0 %, checkpointing 2.5 %, 950,000 tokens per GPU-hour, "
+        "1.868 USD per M tokens"
+    ) in card
+    panel = html[html.index('id="efficiency-panel"') :]
+    found = r"<li><a href=\"/workloads/\d+/[^\"]*\">([^<]+)</a>: waited for data ([\d.]+ %)"
+    assert re.findall(found, panel)[:2] == [("slurm 48213", "6.7 %"), ("slurm 7", "0.0 %")]
+    viewer = unescape(role_client("viewer").get("/", day).content.decode())
+    assert 'id="kpi-efficiency"' in viewer and "per M tokens" not in viewer
+    # another day: no training loop reported, no card, no panel
+    other = role_client("finance").get("/", {"from": "2026-03-04", "to": "2026-03-04"})
+    assert 'id="kpi-efficiency"' not in other.content.decode()
