@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 
 from billing.plan import backtest, consolidation_replay, runout_date, seasonal_naive, smape
+from tests.billing.conftest import FleetBuilder
 
 # A demand with a weekly season and a trend: 100 GPU hours a day on weekdays, 40 at weekends,
 # growing by 1 GPU hour a day (day 0 is a Monday).
@@ -82,3 +83,54 @@ def test_the_consolidation_replay_on_a_hand_built_week() -> None:
     assert (r.overflow_gpu_hours, r.overflow_p95_gpus, r.hours_over) == (40.0, 1.0, 40)
     # With room for all of it: nothing overflows.
     assert consolidation_replay(used_a, used_b, capacity_b=9).overflow_gpu_hours == 0.0
+
+
+# --- daily demand from the database --------------------------------------------------------------
+def test_daily_demand_is_air_held_and_capacity_waits_by_pool(fleet: FleetBuilder) -> None:
+    """Pools training (GPUs t1, t2) and burst (b1); partition hpc/h100 on both. On 30 Nov
+    (UTC): t1 is in the air 0.5 h and held 0.5 h at 09:00, t2 in the air the hour, b1 parked
+    (no demand); a 4-GPU job waits for capacity from 09:00 to 10:00 (4 GPU hours, 2 to each
+    pool) while a 2-GPU job waits on its QOS (policy: no demand). At 10:00 t1 is parked. On
+    1 Dec t1 is in the air 00:00–01:00.
+    training: 1 + 1 + 2 = 4 on 30 Nov, 1 on 1 Dec; burst: 2; the fleet: 6 and 1."""
+    from billing.selectors.plan import FLEET, daily_demand
+    from fleet.models import Node
+    from fleet.services import ApplyResult
+    from telemetry.queue import queue_partitions_apply, queue_snapshot_apply
+    from telemetry.queue_wire import PendingJob, Snapshot
+
+    nine = dt.datetime(2026, 11, 30, 9, tzinfo=dt.UTC)
+    training, burst = fleet.pool("training"), fleet.pool("burst")
+    t1 = fleet.gpu("GPU-t1", node=fleet.node("gpu-t", pool=training))
+    t2 = fleet.gpu("GPU-t2", node=t1.node, index=1)
+    b1 = fleet.gpu("GPU-b1", node=fleet.node("gpu-b", pool=burst))
+    hour = dt.timedelta(hours=1)
+    fleet.save(
+        [
+            fleet.usage(t1, nine, observed_s=3600, air_s=1800, held_s=1800),
+            fleet.usage(t2, nine, observed_s=3600, air_s=3600),
+            fleet.usage(b1, nine, observed_s=3600, parked_s=3600),
+            fleet.usage(t1, nine + hour, observed_s=3600, parked_s=3600),
+            fleet.usage(t1, nine + 15 * hour, observed_s=3600, air_s=3600),
+        ]
+    )
+    both = {"cluster": "hpc", "name": "h100", "pools": ["training", "burst"]}
+    queue_partitions_apply(document={"partitions": [both]}, result=ApplyResult())
+
+    def job(job_id: str, gpus: int, cls: str, reason: str) -> PendingJob:
+        return PendingJob(
+            "slurm", job_id, "alice", "nlp", "h100", gpus, "", cls, reason, None, None
+        )
+
+    node = Node.objects.create(hostname="login-1")
+    jobs = [job("1", 4, "capacity", "Resources"), job("2", 2, "policy", "QOSMaxGRESPerUser")]
+    for minute in range(61):
+        at = nine + dt.timedelta(minutes=minute)
+        snapshot = Snapshot("hpc", at, jobs if minute < 60 else [])
+        queue_snapshot_apply(node_id=node.pk, snapshot=snapshot, now=at)
+
+    got = daily_demand(start=dt.date(2026, 11, 30), end=dt.date(2026, 12, 2), zone=dt.UTC)
+    first, second = dt.date(2026, 11, 30), dt.date(2026, 12, 1)
+    assert got["training"] == {first: pytest.approx(4.0), second: pytest.approx(1.0)}
+    assert got["burst"] == {first: pytest.approx(2.0)}
+    assert got[FLEET] == {first: pytest.approx(6.0), second: pytest.approx(1.0)}
