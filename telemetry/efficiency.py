@@ -22,8 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
-
+from config.replica import read_cursor
 from fleet.catalogue import catalogue_match
 
 GROUP_BY = ("workload", "model", "pool", "team")
@@ -176,7 +175,7 @@ def job_efficiency(
             return []
         workloads = f" AND j.workload_id IN ({', '.join(['%s'] * len(workload_ids))})"
         params += list(workload_ids)
-    with connection.cursor() as cursor:
+    with read_cursor() as cursor:  # the replica where pages read from one
         cursor.execute(_SUMS_SQL.format(workloads=workloads), params)
         rows = cursor.fetchall()
     pools = dict(Pool.objects.values_list("pk", "name")) if group_by == "pool" else {}

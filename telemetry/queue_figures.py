@@ -32,6 +32,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Q, Sum
 
+from config.replica import read_cursor
 from telemetry.models import HourlyUsage, PendingStretch, QueuePartition, QueueWaitHourly
 
 __all__ = [
@@ -146,7 +147,7 @@ def waits_sql(
     inner = ", ".join(f"{k} AS k{i}" for i, k in enumerate(keys))
     outer = ", ".join(f"k{i}" for i in range(len(keys)))
     sql = _WAITS_SQL.format(inner=inner, outer=outer)
-    with connection.cursor() as cursor:
+    with read_cursor() as cursor:  # the replica where pages read from one
         cursor.execute(sql, {"start": start, "end": end})
         rows = cursor.fetchall()
     n = len(keys)
